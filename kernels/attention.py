@@ -1,0 +1,66 @@
+"""Paged attention over a block-structured KV cache, and the KV-cache write by slot mapping.
+
+Layout (as in vLLM and flash-attn): each layer's cache is `[num_blocks, block_size, num_kv_heads,
+head_dim]`; a sequence's token t lives in block `block_tables[seq, t // block_size]` at offset
+`t % block_size`. Queries are flat over the batch (`cu_seqlens_q` marks where each sequence's query
+tokens start); sequence i has `seq_lens[i]` tokens in all, of which the last `query_lens[i]` are
+this step's queries, so query row r of it sits at position `seq_lens[i] - query_lens[i] + r` and
+sees keys up to and including that position. One op serves prefill chunks and decodes alike.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] cache slot of each new token, -1 = do not store
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    cu_seqlens_q: torch.Tensor  # [num_seqs + 1] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, tokens per sequence including this step's
+    query_lens_host: list[int]  # the same lengths as Python ints, for host-side loops
+    seq_lens_host: list[int]
+
+
+def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                  slot_mapping: torch.Tensor) -> None:
+    """Write new keys and values `[num_tokens, num_kv_heads, head_dim]` into their cache slots."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Causal attention of `q [num_tokens, num_heads, head_dim]` over each sequence's cached K/V.
+
+    `k`, `v` are this step's new keys and values (already stored in the cache); a sequence with no
+    cached context attends to them directly instead of gathering them back from the pool.
+    """
+    out = torch.empty_like(q)
+    block_size = k_cache.shape[1]
+    start = 0
+    for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+        end = start + q_len
+        if seq_len == q_len:
+            keys, values = k[start:end], v[start:end]
+        else:
+            blocks = meta.block_tables[i, : -(-seq_len // block_size)]
+            keys = k_cache[blocks].flatten(0, 1)[:seq_len]
+            values = v_cache[blocks].flatten(0, 1)[:seq_len]
+        mask = None
+        if q_len > 1:
+            positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
+            mask = torch.arange(seq_len, device=q.device)[None, :] <= positions[:, None]
+        # SDPA wants heads before tokens: [1, heads, tokens, head_dim].
+        o = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+            attn_mask=mask, scale=scale, enable_gqa=True,
+        )
+        out[start:end] = o[0].transpose(0, 1)
+        start = end
+    return out

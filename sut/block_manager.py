@@ -1,0 +1,129 @@
+"""The KV cache's bookkeeping: a pool of fixed-size blocks, per-sequence block tables, reference
+counts, and (optionally) prefix sharing by chained block hashes.
+
+A block's hash covers its tokens and, through the previous block's hash, every token before it,
+so equal hashes mean equal prefixes; the tokens are compared too, against hash collisions.
+Only full blocks whose K/V have been computed are hashed, and a sequence always computes at
+least its last token itself, so the logits it samples from exist.
+"""
+
+from collections import OrderedDict
+
+from sut.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "hash", "token_ids")
+
+    def __init__(self, block_id: int):
+        self.block_id = block_id
+        self.ref_count = 0
+        self.hash: int | None = None
+        self.token_ids: tuple[int, ...] = ()
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Free blocks in least-recently-freed order; a freed block keeps its hash until reused.
+        self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self.hash_to_block_id: dict[int, int] = {}
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_block_ids)
+
+    def blocks_needed(self, seq: Sequence, num_new_tokens: int) -> int:
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - len(seq.block_table))
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
+
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
+        """Give `seq` the blocks to hold `num_new_tokens` more tokens."""
+        needed = self.blocks_needed(seq, num_new_tokens)
+        assert needed <= self.num_free_blocks, "allocate() without can_allocate()"
+        for _ in range(needed):
+            block_id, _ = self.free_block_ids.popitem(last=False)
+            block = self.blocks[block_id]
+            assert block.ref_count == 0
+            if block.hash is not None:  # evict its cached prefix
+                if self.hash_to_block_id.get(block.hash) == block_id:
+                    del self.hash_to_block_id[block.hash]
+                block.hash, block.token_ids = None, ()
+            block.ref_count = 1
+            seq.block_table.append(block_id)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop `seq`'s blocks; shared ones stay while others hold them. Tail blocks go last in
+        the free order, so a cached prefix outlives the request's own tail."""
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            assert block.ref_count > 0, f"block {block_id} freed twice"
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_block_ids[block_id] = None
+        seq.block_table = []
+        seq.block_hashes = []
+
+    def match_prefix(self, seq: Sequence) -> int:
+        """Attach cached blocks holding a prefix of a new sequence; return how many tokens they hold."""
+        assert not seq.block_table and seq.num_computed_tokens == 0
+        if not self.enable_prefix_caching:
+            return 0
+        tokens, size = seq.token_ids, self.block_size
+        hashes: list[int] = []
+        parent = None
+        for i in range((len(tokens) - 1) // size):
+            chunk = tuple(tokens[i * size:(i + 1) * size])
+            parent = hash((parent, chunk))
+            block_id = self.hash_to_block_id.get(parent)
+            if block_id is None or self.blocks[block_id].token_ids != chunk:
+                break
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_block_ids[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+            hashes.append(parent)
+        seq.block_hashes = hashes
+        seq.num_computed_tokens = len(hashes) * size
+        return seq.num_computed_tokens
+
+    def cache_computed_blocks(self, seq: Sequence) -> None:
+        """Hash the blocks of `seq` that became full and computed, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        hashes = seq.block_hashes
+        tokens, size = seq.token_ids, self.block_size
+        for i in range(len(hashes), seq.num_computed_tokens // size):
+            chunk = tuple(tokens[i * size:(i + 1) * size])
+            h = hash((hashes[-1] if hashes else None, chunk))
+            hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            if block.hash is None and h not in self.hash_to_block_id:
+                block.hash, block.token_ids = h, chunk
+                self.hash_to_block_id[h] = block.block_id
+
+    def check_invariants(self, live_sequences) -> None:
+        """Raise AssertionError unless every block is either free or held by exactly its ref count
+        of live sequences (used by tests: no leak, no double free, shared counts right)."""
+        holders = [0] * self.num_blocks
+        for seq in live_sequences:
+            assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} holds a block twice"
+            for block_id in seq.block_table:
+                holders[block_id] += 1
+        for block in self.blocks:
+            assert block.ref_count == holders[block.block_id], (
+                f"block {block.block_id}: ref_count {block.ref_count}, held by {holders[block.block_id]}")
+            assert (block.ref_count == 0) == (block.block_id in self.free_block_ids), (
+                f"block {block.block_id}: ref_count {block.ref_count} but free={block.block_id in self.free_block_ids}")
+        for h, block_id in self.hash_to_block_id.items():
+            assert self.blocks[block_id].hash == h, f"hash map points to block {block_id} with another hash"

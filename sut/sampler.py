@@ -1,0 +1,40 @@
+"""Turns each sampling sequence's logits into its next token: greedy argmax, or temperature /
+top-k / top-p sampling drawn from the request's own generator (so a seeded request gives the
+same tokens whatever else is in the batch)."""
+
+import torch
+
+from sut.sequence import Sequence
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...],
+           default_generator: torch.Generator) -> list[int]:
+    for row, seq in enumerate(seqs):
+        if len(seq.output_token_ids) < seq.params.min_tokens:  # min_tokens: no stop before then
+            stops = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(eos_token_ids))
+            if stops:
+                logits[row, stops] = float("-inf")
+    tokens = logits.argmax(dim=-1).tolist()
+    for row, seq in enumerate(seqs):
+        if not seq.params.greedy:
+            probs = sampling_probs(logits[row], seq.params.temperature, seq.params.top_k, seq.params.top_p)
+            generator = seq.generator or default_generator
+            tokens[row] = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    return tokens
+
+
+def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    """The distribution a sampled token is drawn from: softmax(logits / T) restricted to the top-k
+    tokens and to the smallest set of top tokens whose probability reaches top_p."""
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+        sorted_probs[before >= top_p] = 0.0
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+        probs = probs / probs.sum()
+    return probs

@@ -1,0 +1,107 @@
+"""Iteration-level scheduling: every step mixes decodes and prefill chunks under a token budget.
+
+Each running sequence wants its uncomputed tokens computed: one for a decode, the rest of the
+prompt for a prefill (cut to the budget, so long prompts go in chunks). Decodes go first, then
+unfinished prefills, then waiting requests are admitted. When the KV pool runs out, the most
+recently admitted sequence is preempted: its blocks are freed and it is recomputed later from
+its prompt and the tokens it already produced, so its output does not change.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from sut.block_manager import BlockManager
+from sut.config import EngineConfig
+from sut.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+
+    def __len__(self):
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_num_seqs = config.max_num_seqs
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+        self.peak_blocks_used = 0
+        self.tokens_at_peak = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.max_num_batched_tokens
+        scheduled: dict[Sequence, int] = {}
+        preempted = False
+        for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):  # decodes first
+            if budget == 0:
+                break
+            if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.can_allocate(seq, n):
+                victim = self.running[-1]
+                budget += scheduled.pop(victim, 0)
+                self.preempt(victim)
+                preempted = True
+                if victim is seq:
+                    break
+            if seq.status == SequenceStatus.RUNNING:
+                self.block_manager.allocate(seq, n)
+                scheduled[seq] = n
+                budget -= n
+        # Admit waiting requests only when nothing was preempted: there is room to spare.
+        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            self.block_manager.match_prefix(seq)
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.can_allocate(seq, n):
+                self._release(seq)
+                break
+            self.block_manager.allocate(seq, n)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            scheduled[seq] = n
+            budget -= n
+        self._track_peak(scheduled)
+        return ScheduledBatch(list(scheduled), list(scheduled.values()))
+
+    def preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq.status == SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status == SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def _release(self, seq: Sequence) -> None:
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+
+    def _track_peak(self, scheduled: dict[Sequence, int]) -> None:
+        used = self.block_manager.num_blocks - self.block_manager.num_free_blocks
+        if used > self.peak_blocks_used:
+            self.peak_blocks_used = used
+            self.tokens_at_peak = sum(s.num_computed_tokens + scheduled.get(s, 0) for s in self.running)

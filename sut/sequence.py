@@ -1,0 +1,67 @@
+"""A request's life in the engine: its tokens, how many of them are in the KV cache, its blocks."""
+
+from collections.abc import Callable
+from enum import Enum, auto
+
+import torch
+
+from sut.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        max_tokens: int,
+        on_token: Callable[[int], None] | None = None,
+        generator: torch.Generator | None = None,
+    ):
+        self.request_id = request_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.params = params
+        self.max_tokens = max_tokens  # params.max_tokens, capped by the model length
+        self.on_token = on_token
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
+        self.num_preemptions = 0
+        self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"
+        self.error: str | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """token_ids[start:end] without building the whole list (a decode needs one token)."""
+        n_prompt = len(self.prompt_token_ids)
+        if start >= n_prompt:
+            return self.output_token_ids[start - n_prompt:end - n_prompt]
+        return self.token_ids[start:end]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status == SequenceStatus.FINISHED
+
+    def __repr__(self):
+        return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
