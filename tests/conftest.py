@@ -1,0 +1,52 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+torch.manual_seed(0)
+
+SMOLLM2_DIR = Path(os.environ.get("SAAF_MODEL_DIR", Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser()
+                                  / "models" / "smollm2-135m-instruct"))
+
+TINY_CONFIG = dict(
+    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
+    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    # Large random weights give well-separated logits, so greedy ties cannot hide a real difference.
+    initializer_range=0.3,
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A tiny random Llama (GQA, 2 layers) saved as a Hugging Face folder, and the transformers model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(1234)
+    model = LlamaForCausalLM(LlamaConfig(**TINY_CONFIG)).to(torch.float32).eval()
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(folder)
+    return folder, model
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    if not (SMOLLM2_DIR / "model.safetensors").is_file():
+        pytest.fail(f"SmolLM2 is not converted at {SMOLLM2_DIR}: run `make models` (make test does it)")
+    return SMOLLM2_DIR
+
+
+def random_prompts(lengths, vocab=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    # Ids from 3 up: 0-2 are pad/bos/eos in the tiny config.
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompt, max_new_tokens, eos_token_id=2):
+    """transformers' greedy continuation of one unpadded prompt, cut after the first EOS."""
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
+                             pad_token_id=eos_token_id)
+    return out[0, len(prompt):].tolist()

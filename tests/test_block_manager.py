@@ -1,0 +1,132 @@
+"""Block manager and scheduler bookkeeping: after any mix of requests, aborts and preemptions no
+block leaks, none is freed twice, and reference counts are right with shared prefixes."""
+
+import random
+
+import pytest
+
+from sut.block_manager import BlockManager
+from sut.config import EngineConfig
+from sut.sampling_params import SamplingParams
+from sut.scheduler import Scheduler
+from sut.sequence import Sequence, SequenceStatus
+
+
+def seq(tokens, request_id=0, max_tokens=8):
+    return Sequence(request_id, tokens, SamplingParams(max_tokens=max_tokens), max_tokens)
+
+
+def compute(s: Sequence, n: int, bm: BlockManager):
+    s.num_computed_tokens += n
+    bm.cache_computed_blocks(s)
+
+
+def test_allocate_and_free_round_trip():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    s = seq(list(range(10)))
+    assert bm.blocks_needed(s, 10) == 3
+    bm.allocate(s, 10)
+    assert len(s.block_table) == 3 and bm.num_free_blocks == 5
+    compute(s, 10, bm)
+    assert bm.blocks_needed(s, 2) == 0  # 12 tokens still fit in 3 blocks
+    assert bm.blocks_needed(s, 3) == 1
+    bm.check_invariants([s])
+    bm.free(s)
+    assert bm.num_free_blocks == 8 and s.block_table == []
+    bm.check_invariants([])
+
+
+def test_double_free_is_caught():
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = seq([1, 2, 3])
+    bm.allocate(a, 3)
+    table = list(a.block_table)
+    bm.free(a)
+    a.block_table = table
+    with pytest.raises(AssertionError, match="freed twice"):
+        bm.free(a)
+
+
+def test_prefix_sharing_counts_references():
+    bm = BlockManager(num_blocks=16, block_size=4, enable_prefix_caching=True)
+    prefix = list(range(100, 112))  # three full blocks
+    a = seq(prefix + [1, 2], request_id="a")
+    bm.allocate(a, a.num_tokens)
+    compute(a, a.num_tokens, bm)
+    b = seq(prefix + [7], request_id="b")
+    assert bm.match_prefix(b) == 12
+    assert b.block_table == a.block_table[:3]
+    assert [bm.blocks[i].ref_count for i in b.block_table] == [2, 2, 2]
+    bm.allocate(b, b.num_uncomputed_tokens)
+    bm.check_invariants([a, b])
+    # A prompt that is exactly the cached prefix still computes its last token itself.
+    c = seq(prefix, request_id="c")
+    assert bm.match_prefix(c) == 8
+    bm.allocate(c, c.num_uncomputed_tokens)
+    bm.check_invariants([a, b, c])
+    bm.free(a)
+    assert [bm.blocks[i].ref_count for i in b.block_table[:3]] == [2, 2, 1]
+    bm.free(b)
+    bm.free(c)
+    bm.check_invariants([])
+    assert bm.num_free_blocks == 16
+    # Freed blocks keep their hashes until reused, so a later identical prefix still hits.
+    d = seq(prefix + [9], request_id="d")
+    assert bm.match_prefix(d) == 12
+    bm.free(d)
+
+
+def test_no_sharing_when_prefix_caching_is_off():
+    bm = BlockManager(num_blocks=16, block_size=4)
+    a = seq(list(range(12)) + [1])
+    bm.allocate(a, a.num_tokens)
+    compute(a, a.num_tokens, bm)
+    b = seq(list(range(12)) + [2])
+    assert bm.match_prefix(b) == 0 and b.block_table == []
+
+
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("trial", range(6))
+def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial):
+    """Drive the real scheduler with fake forwards: random prompts (many sharing prefixes), random
+    aborts, a pool small enough to preempt; check invariants after every step."""
+    rng = random.Random(trial)
+    config = EngineConfig(max_num_batched_tokens=rng.choice([8, 16, 64]), max_num_seqs=rng.choice([2, 4, 8]),
+                          block_size=4)
+    bm = BlockManager(num_blocks=24, block_size=4, enable_prefix_caching=prefix_caching)
+    sched = Scheduler(config, bm)
+    shared = [rng.randrange(1000) for _ in range(16)]
+    live, next_id, finished = [], 0, 0
+    for step in range(400):
+        if next_id < 40 and rng.random() < 0.3:
+            n = rng.randint(1, 40)
+            prompt = (shared[: rng.choice([0, 4, 8, 16])] + [rng.randrange(1000) for _ in range(n)])[: 60]
+            s = seq(prompt, request_id=next_id, max_tokens=rng.randint(1, 20))
+            next_id += 1
+            sched.add(s)
+            live.append(s)
+        if live and rng.random() < 0.05:
+            victim = rng.choice(live)
+            sched.finish(victim, "abort")
+            live.remove(victim)
+            finished += 1
+        batch = sched.schedule()
+        assert sum(batch.num_new_tokens) <= config.max_num_batched_tokens
+        assert len(sched.running) <= config.max_num_seqs
+        for s, n in zip(batch.seqs, batch.num_new_tokens):
+            assert s.status == SequenceStatus.RUNNING
+            assert len(s.block_table) * 4 >= s.num_computed_tokens + n
+            compute(s, n, bm)
+            if s.num_computed_tokens == s.num_tokens:
+                s.output_token_ids.append(rng.randrange(1000))
+                if len(s.output_token_ids) >= s.max_tokens:
+                    sched.finish(s, "length")
+                    live.remove(s)
+                    finished += 1
+        bm.check_invariants(live)
+        if next_id >= 40 and not sched.has_unfinished():
+            break
+    assert finished == 40, "some request never finished"
+    assert bm.num_free_blocks == 24
+    bm.check_invariants([])
+    assert sched.num_preemptions > 0, "the pool is small enough that every trial preempts"
