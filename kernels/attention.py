@@ -43,9 +43,16 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """
     out = torch.empty_like(q)
     block_size = k_cache.shape[1]
-    start = 0
+    decodes = [i for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
+               if q_len == 1 and seq_len > 1]
+    if len(decodes) > 1:
+        _batched_decode(q, k_cache, v_cache, meta, scale, decodes, out)
+    decodes = set(decodes) if len(decodes) > 1 else set()
+    starts = _prefix_sums(meta.query_lens_host)
     for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
-        end = start + q_len
+        if i in decodes:
+            continue
+        start, end = starts[i], starts[i] + q_len
         if seq_len == q_len:
             keys, values = k[start:end], v[start:end]
         else:
@@ -62,5 +69,30 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             attn_mask=mask, scale=scale, enable_gqa=True,
         )
         out[start:end] = o[0].transpose(0, 1)
-        start = end
     return out
+
+
+def _batched_decode(q, k_cache, v_cache, meta, scale, decodes, out):
+    """All single-token queries in one SDPA call over their gathered, length-masked contexts
+    (one call instead of one per sequence: on CPU the per-call overhead dominates decode)."""
+    rows = torch.tensor(decodes, device=q.device)
+    seq_lens = meta.seq_lens[rows]
+    max_len = max(meta.seq_lens_host[i] for i in decodes)
+    block_size = k_cache.shape[1]
+    tables = meta.block_tables[rows, : -(-max_len // block_size)]
+    keys = k_cache[tables].flatten(1, 2)[:, :max_len]  # [n, max_len, kv_heads, head_dim]
+    values = v_cache[tables].flatten(1, 2)[:, :max_len]
+    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]
+    q_rows = meta.cu_seqlens_q[rows].long()
+    o = F.scaled_dot_product_attention(
+        q[q_rows][:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
+        attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
+    )
+    out[q_rows] = o[:, :, 0]
+
+
+def _prefix_sums(lengths):
+    sums = [0]
+    for n in lengths:
+        sums.append(sums[-1] + n)
+    return sums

@@ -158,6 +158,8 @@ def main():
             ("ours: peak KV-cache utilization", f"{kv_util:.3f}  (target >= 0.90)"),
             ("ours: pool occupancy at peak", f"{pool_occ:.3f}  ({kv['peak_blocks_used']}"
                                              f"/{kv['num_blocks']} blocks of {kv['block_size']})")]
+    if "num_preemptions" in kv:  # optional key; preemptions mean the pool was too small
+        rows.append(("ours: preemptions", f"{kv['num_preemptions']}"))
     summary = f"ours {ours_tok / ours_s:.1f} tok/s, KV utilization {kv_util:.3f}"
     if not args.skip_hf:
         hf, hf_s = run_hf_reference(args.model, prompts, args.max_new_tokens,

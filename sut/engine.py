@@ -113,6 +113,7 @@ class LLMEngine:
             return bool(self._inbox) or self.scheduler.has_unfinished()
 
     # ---- the step loop --------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         finished: list[Sequence] = []
         with self._lock:

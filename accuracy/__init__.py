@@ -1,0 +1,1 @@
+"""Offline re-implementations of the MLPerf accuracy scripts and per-benchmark targets. Not built yet."""

@@ -1,0 +1,199 @@
+"""Bad input gets a clear error naming what was wrong; in the online engine it fails alone."""
+
+import json
+import shutil
+import threading
+
+import pytest
+
+from sut import (LLM, CheckpointError, ConfigError, InvalidRequestError, LLMEngine, SamplingParams,
+                 UnsupportedModelError)
+from tests.conftest import random_prompts
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    return LLMEngine(tiny_llama[0], num_kv_blocks=64, max_model_len=128)
+
+
+def test_empty_prompt(engine):
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        engine.add_request([])
+
+
+def test_prompt_longer_than_model_maximum(engine):
+    with pytest.raises(InvalidRequestError, match=r"prompt has 128 tokens; the maximum is 127"):
+        engine.add_request([5] * 128)
+
+
+@pytest.mark.parametrize("bad", [256, -1, 10**9])
+def test_token_id_outside_vocabulary(engine, bad):
+    with pytest.raises(InvalidRequestError, match=rf"token id {bad} at position 2 is outside the vocabulary \[0, 256\)"):
+        engine.add_request([5, 6, bad, 7])
+
+
+@pytest.mark.parametrize("max_tokens", [0, -3])
+def test_max_tokens_below_one(max_tokens):
+    with pytest.raises(InvalidRequestError, match=rf"max_tokens must be an integer >= 1, got {max_tokens}"):
+        SamplingParams(max_tokens=max_tokens)
+
+
+def test_bad_sampling_values():
+    with pytest.raises(InvalidRequestError, match="top_p must be in"):
+        SamplingParams(top_p=0)
+    with pytest.raises(InvalidRequestError, match="temperature must be >= 0"):
+        SamplingParams(temperature=-1)
+
+
+def test_text_prompt_without_tokenizer(engine):
+    with pytest.raises(InvalidRequestError, match="needs a tokenizer"):
+        engine.add_request("hello")
+
+
+def copy_model(tiny_llama, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_llama[0], folder)
+    return folder
+
+
+def test_missing_safetensors(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"no \*\.safetensors checkpoint"):
+        LLM(folder)
+
+
+def test_truncated_safetensors(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file, truncated or corrupt"):
+        LLM(folder)
+
+
+def test_missing_shard(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    index = {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match="missing: \\['model-00001-of-00002.safetensors'\\]"):
+        LLM(folder)
+
+
+def test_tensor_shape_mismatch(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.mlp.\w+_proj.weight' has shape"):
+        LLM(folder)
+
+
+def test_unsupported_architecture(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["GPT2LMHeadModel"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match=r"architecture \['GPT2LMHeadModel'\] is not supported"):
+        LLM(folder)
+
+
+def test_malformed_config(tiny_llama, tmp_path):
+    folder = copy_model(tiny_llama, tmp_path)
+    (folder / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="config.json: not valid JSON"):
+        LLM(folder)
+    config = json.loads((tiny_llama[0] / "config.json").read_text())
+    del config["hidden_size"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="missing required key 'hidden_size'"):
+        LLM(folder)
+
+
+def test_missing_model_folder(tmp_path):
+    with pytest.raises(CheckpointError, match="model folder does not exist"):
+        LLM(tmp_path / "nowhere")
+
+
+def test_unknown_or_bad_engine_setting(tiny_llama):
+    with pytest.raises(ConfigError, match=r"unknown engine setting\(s\) \['max_batch'\]"):
+        LLM(tiny_llama[0], max_batch=3)
+    with pytest.raises(ConfigError, match="block_size must be a power of two, got 12"):
+        LLM(tiny_llama[0], block_size=12)
+    with pytest.raises(ConfigError, match="cannot hold one sequence"):
+        LLM(tiny_llama[0], num_kv_blocks=2, block_size=4)
+
+
+def test_generate_validates_everything_before_running(tiny_llama):
+    llm = LLM(tiny_llama[0], num_kv_blocks=64)
+    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+        llm.generate([[5, 6], []])
+    assert not llm.engine.has_unfinished()
+
+
+def run_until_done(engine):
+    outputs = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] = out
+    return outputs
+
+
+def test_online_bad_request_fails_alone(tiny_llama):
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=64)
+    prompts = random_prompts([6, 20, 11])
+    reference = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts, SamplingParams(max_tokens=10))
+    ids = [engine.add_request(prompts[0], SamplingParams(max_tokens=10))]
+    with pytest.raises(InvalidRequestError):
+        engine.add_request([3, 999])
+    ids.append(engine.add_request(prompts[1], SamplingParams(max_tokens=10)))
+
+    def explode(token):
+        raise RuntimeError("client went away")
+
+    bad = engine.add_request(prompts[2], SamplingParams(max_tokens=10), on_token=explode)
+    ids.append(engine.add_request(prompts[2], SamplingParams(max_tokens=10)))
+    outputs = run_until_done(engine)
+    assert outputs[bad].finish_reason == "error" and "client went away" in outputs[bad].error
+    assert [outputs[i].token_ids for i in ids] == [r.token_ids for r in reference]
+    engine.block_manager.check_invariants([])
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_abort_and_duplicate_id(tiny_llama):
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=64)
+    a = engine.add_request([5, 6, 7], SamplingParams(max_tokens=50, ignore_eos=True), request_id="a")
+    with pytest.raises(InvalidRequestError, match="request id 'a' is already in use"):
+        engine.add_request([5], request_id="a")
+    b = engine.add_request([8, 9], SamplingParams(max_tokens=5, ignore_eos=True), request_id="b")
+    engine.step()
+    engine.step()
+    engine.abort(a)
+    outputs = run_until_done(engine)
+    assert outputs[a].finish_reason == "abort" and len(outputs[a].token_ids) == 2
+    assert outputs[b].finish_reason == "length" and len(outputs[b].token_ids) == 5
+    assert engine.block_manager.num_free_blocks == 64
+
+
+def test_requests_from_another_thread(tiny_llama):
+    """A client thread adds requests while the engine loop runs in this one; all finish, each token
+    reaches its callback as it is sampled, in order."""
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=64)
+    prompts = random_prompts([4, 9, 15, 30, 2, 12])
+    seen = {i: [] for i in range(len(prompts))}
+
+    def client():
+        for i, p in enumerate(prompts):
+            engine.add_request(p, SamplingParams(max_tokens=8), request_id=i, on_token=seen[i].append)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    outputs = {}
+    while thread.is_alive() or engine.has_unfinished():
+        for out in engine.step():
+            outputs[out.request_id] = out
+    thread.join()
+    reference = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts, SamplingParams(max_tokens=8))
+    assert sorted(outputs) == list(range(len(prompts)))
+    for i, ref in enumerate(reference):
+        assert outputs[i].token_ids == ref.token_ids == seen[i]
