@@ -30,6 +30,7 @@ class BlockManager:
         # Free blocks in least-recently-freed order; a freed block keeps its hash until reused.
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
+        self.num_prefix_hit_tokens = 0  # tokens taken from the prefix cache instead of computed
 
     @property
     def num_blocks(self) -> int:
@@ -95,6 +96,7 @@ class BlockManager:
             hashes.append(parent)
         seq.block_hashes = hashes
         seq.num_computed_tokens = len(hashes) * size
+        self.num_prefix_hit_tokens += seq.num_computed_tokens
         return seq.num_computed_tokens
 
     def cache_computed_blocks(self, seq: Sequence) -> None:

@@ -171,6 +171,7 @@ class LLMEngine:
             "peak_blocks_used": self.scheduler.peak_blocks_used,
             "tokens_at_peak": self.scheduler.tokens_at_peak,
             "num_preemptions": self.scheduler.num_preemptions,
+            "num_prefix_hit_tokens": self.block_manager.num_prefix_hit_tokens,
         }
 
 

@@ -102,3 +102,26 @@ def test_llama31_rope_scaling_matches_transformers(tmp_path):
     want = [hf_greedy(model, p, 16) for p in prompts]
     got = [o.token_ids for o in LLM(tmp_path, num_kv_blocks=128).generate(prompts, SamplingParams(max_tokens=16))]
     assert got == want
+
+
+def test_prefix_caching_reuses_blocks_and_keeps_output(tiny_llama):
+    _, model = tiny_llama
+    shared = random_prompts([40], seed=8)[0]
+    tails = random_prompts([3, 9, 1], seed=9)
+    prompts = [shared + t for t in tails]
+    want = [hf_greedy(model, p, 12) for p in prompts]
+    llm = LLM(tiny_llama[0], num_kv_blocks=128, block_size=8, enable_prefix_caching=True)
+    first = llm.generate(prompts[:1], SamplingParams(max_tokens=12))
+    rest = llm.generate(prompts[1:], SamplingParams(max_tokens=12))
+    assert [o.token_ids for o in first + rest] == want
+    # The 40-token prefix is 5 full blocks of 8; both later prompts take them from the cache.
+    assert llm.kv_cache_stats()["num_prefix_hit_tokens"] == 2 * 40
+    llm.engine.block_manager.check_invariants([])
+
+
+def test_prefix_caching_is_off_by_default(tiny_llama):
+    shared = random_prompts([40], seed=8)[0]
+    llm = LLM(tiny_llama[0], num_kv_blocks=128, block_size=8)
+    llm.generate([shared + [5]], SamplingParams(max_tokens=4))
+    llm.generate([shared + [6]], SamplingParams(max_tokens=4))
+    assert llm.kv_cache_stats()["num_prefix_hit_tokens"] == 0
