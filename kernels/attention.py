@@ -57,8 +57,8 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             keys, values = k[start:end], v[start:end]
         else:
             blocks = meta.block_tables[i, : -(-seq_len // block_size)]
-            keys = k_cache[blocks].flatten(0, 1)[:seq_len]
-            values = v_cache[blocks].flatten(0, 1)[:seq_len]
+            keys = _gather_blocks(k_cache, blocks)[:seq_len]
+            values = _gather_blocks(v_cache, blocks)[:seq_len]
         mask = None
         if q_len > 1:
             positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
@@ -80,15 +80,24 @@ def _batched_decode(q, k_cache, v_cache, meta, scale, decodes, out):
     max_len = max(meta.seq_lens_host[i] for i in decodes)
     block_size = k_cache.shape[1]
     tables = meta.block_tables[rows, : -(-max_len // block_size)]
-    keys = k_cache[tables].flatten(1, 2)[:, :max_len]  # [n, max_len, kv_heads, head_dim]
-    values = v_cache[tables].flatten(1, 2)[:, :max_len]
+    n, kv_heads, head_dim = len(decodes), k_cache.shape[2], k_cache.shape[3]
+    keys = _gather_blocks(k_cache, tables.flatten()).view(n, -1, kv_heads, head_dim)[:, :max_len]
+    values = _gather_blocks(v_cache, tables.flatten()).view(n, -1, kv_heads, head_dim)[:, :max_len]
     mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]
     q_rows = meta.cu_seqlens_q[rows].long()
+    # GQA without copying K/V per query head: the query heads sharing a KV head become that
+    # head's "query tokens" (kv head j serves query heads j*group .. (j+1)*group-1).
+    grouped_q = q[q_rows].view(n, kv_heads, -1, head_dim)
     o = F.scaled_dot_product_attention(
-        q[q_rows][:, :, None], keys.transpose(1, 2), values.transpose(1, 2),
-        attn_mask=mask[:, None, None, :], scale=scale, enable_gqa=True,
+        grouped_q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask[:, None, None, :], scale=scale,
     )
-    out[q_rows] = o[:, :, 0]
+    out[q_rows] = o.reshape(n, -1, head_dim)
+
+
+def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
+    """The cache blocks `blocks` as one run of tokens `[len(blocks) * block_size, kv_heads, head_dim]`
+    (index_select copies whole blocks; on CPU it is ~10x faster than advanced indexing)."""
+    return cache.index_select(0, blocks).flatten(0, 1)
 
 
 def _prefix_sums(lengths):

@@ -129,7 +129,9 @@ def main():
     ap.add_argument("--hf-pad-to", type=int, default=1024)
     ap.add_argument("--skip-hf", action="store_true", help="run only our engine")
     args = ap.parse_args()
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    # The cores this process may use (a container can have fewer than the host); not Linux: all.
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
+    torch.set_num_threads(len(cores))
 
     from transformers import AutoTokenizer
     prompts = build_prompts(AutoTokenizer.from_pretrained(args.model), args.num_prompts)
@@ -157,9 +159,8 @@ def main():
             ("ours: output tok/s", f"{ours_tok / ours_s:.1f}  ({ours_s:.2f} s)"),
             ("ours: peak KV-cache utilization", f"{kv_util:.3f}  (target >= 0.90)"),
             ("ours: pool occupancy at peak", f"{pool_occ:.3f}  ({kv['peak_blocks_used']}"
-                                             f"/{kv['num_blocks']} blocks of {kv['block_size']})")]
-    if "num_preemptions" in kv:  # optional key; preemptions mean the pool was too small
-        rows.append(("ours: preemptions", f"{kv['num_preemptions']}"))
+                                             f"/{kv['num_blocks']} blocks of {kv['block_size']})"),
+            ("ours: preemptions", f"{kv['num_preemptions']}")]
     summary = f"ours {ours_tok / ours_s:.1f} tok/s, KV utilization {kv_util:.3f}"
     if not args.skip_hf:
         hf, hf_s = run_hf_reference(args.model, prompts, args.max_new_tokens,

@@ -2,6 +2,9 @@
 into flat input tensors (token ids, positions, slot mapping, block tables) and returns the
 logits of the sequences that sample a token this step."""
 
+import ctypes
+import sys
+
 import torch
 
 from kernels import AttentionMetadata
@@ -14,10 +17,27 @@ from sut.sequence import Sequence
 CPU_KV_CACHE_GB = 2.0
 
 
+def keep_freed_memory_in_heap() -> None:
+    """glibc serves large allocations with mmap and returns them on free, so every step's big
+    temporaries (gathered K/V, activations) page-fault afresh; on CPU that doubled decode time.
+    Raise the mmap and trim thresholds so freed memory is reused instead (process-wide)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    libc.mallopt(M_MMAP_THRESHOLD, 512 << 20)
+    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
+
+
 class ModelRunner:
     def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device):
         self.device = device
+        if device.type == "cpu":
+            keep_freed_memory_in_heap()
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
         c = model_config
