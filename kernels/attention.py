@@ -8,10 +8,13 @@ this step's queries, so query row r of it sits at position `seq_lens[i] - query_
 sees keys up to and including that position. One op serves prefill chunks and decodes alike.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+
+DECODE_GROUP = 8  # decodes per attention call in the CPU reference (see _plan)
 
 
 @dataclass
@@ -22,6 +25,7 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, tokens per sequence including this step's
     query_lens_host: list[int]  # the same lengths as Python ints, for host-side loops
     seq_lens_host: list[int]
+    reference_plan: list | None = field(default=None, repr=False)  # built by the first layer, reused by the rest
 
 
 def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -41,67 +45,84 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     `k`, `v` are this step's new keys and values (already stored in the cache); a sequence with no
     cached context attends to them directly instead of gathering them back from the pool.
     """
+    if meta.reference_plan is None:
+        meta.reference_plan = _plan(meta, k_cache.shape[1], q.device)
+    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     out = torch.empty_like(q)
-    block_size = k_cache.shape[1]
-    decodes = [i for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
-               if q_len == 1 and seq_len > 1]
-    if len(decodes) > 1:
-        _batched_decode(q, k_cache, v_cache, meta, scale, decodes, out)
-    decodes = set(decodes) if len(decodes) > 1 else set()
-    starts = _prefix_sums(meta.query_lens_host)
-    for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
-        if i in decodes:
+    for item in meta.reference_plan:
+        if isinstance(item, _DecodeGroup):
+            n = len(item.q_rows)
+            keys = _gather_blocks(k_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, :item.max_len]
+            values = _gather_blocks(v_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, :item.max_len]
+            # GQA without copying K/V per query head: the query heads sharing a KV head become
+            # that head's "query tokens" (kv head j serves query heads j*group .. (j+1)*group-1).
+            o = F.scaled_dot_product_attention(q[item.q_rows].view(n, kv_heads, -1, head_dim), keys.transpose(1, 2),
+                                               values.transpose(1, 2), attn_mask=item.mask, scale=scale)
+            out[item.q_rows] = o.reshape(n, -1, head_dim)
             continue
-        start, end = starts[i], starts[i] + q_len
-        if seq_len == q_len:
-            keys, values = k[start:end], v[start:end]
+        if item.blocks is None:
+            keys, values = k[item.start:item.end], v[item.start:item.end]
         else:
-            blocks = meta.block_tables[i, : -(-seq_len // block_size)]
-            keys = _gather_blocks(k_cache, blocks)[:seq_len]
-            values = _gather_blocks(v_cache, blocks)[:seq_len]
-        mask = None
-        if q_len > 1:
-            positions = torch.arange(seq_len - q_len, seq_len, device=q.device)
-            mask = torch.arange(seq_len, device=q.device)[None, :] <= positions[:, None]
+            keys = _gather_blocks(k_cache, item.blocks)[:item.seq_len]
+            values = _gather_blocks(v_cache, item.blocks)[:item.seq_len]
         # SDPA wants heads before tokens: [1, heads, tokens, head_dim].
         o = F.scaled_dot_product_attention(
-            q[start:end].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-            attn_mask=mask, scale=scale, enable_gqa=True,
+            q[item.start:item.end].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
+            attn_mask=item.mask, is_causal=item.causal, scale=scale, enable_gqa=True,
         )
-        out[start:end] = o[0].transpose(0, 1)
+        out[item.start:item.end] = o[0].transpose(0, 1)
     return out
 
 
-def _batched_decode(q, k_cache, v_cache, meta, scale, decodes, out):
-    """All single-token queries in one SDPA call over their gathered, length-masked contexts
-    (one call instead of one per sequence: on CPU the per-call overhead dominates decode)."""
-    rows = torch.tensor(decodes, device=q.device)
-    seq_lens = meta.seq_lens[rows]
-    max_len = max(meta.seq_lens_host[i] for i in decodes)
-    block_size = k_cache.shape[1]
-    tables = meta.block_tables[rows, : -(-max_len // block_size)]
-    n, kv_heads, head_dim = len(decodes), k_cache.shape[2], k_cache.shape[3]
-    keys = _gather_blocks(k_cache, tables.flatten()).view(n, -1, kv_heads, head_dim)[:, :max_len]
-    values = _gather_blocks(v_cache, tables.flatten()).view(n, -1, kv_heads, head_dim)[:, :max_len]
-    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]
-    q_rows = meta.cu_seqlens_q[rows].long()
-    # GQA without copying K/V per query head: the query heads sharing a KV head become that
-    # head's "query tokens" (kv head j serves query heads j*group .. (j+1)*group-1).
-    grouped_q = q[q_rows].view(n, kv_heads, -1, head_dim)
-    o = F.scaled_dot_product_attention(
-        grouped_q, keys.transpose(1, 2), values.transpose(1, 2), attn_mask=mask[:, None, None, :], scale=scale,
-    )
-    out[q_rows] = o.reshape(n, -1, head_dim)
+@dataclass
+class _DecodeGroup:
+    q_rows: torch.Tensor  # query rows of these single-token sequences
+    blocks: torch.Tensor  # their block tables, padded to the longest, flattened
+    max_len: int
+    mask: torch.Tensor  # [n, 1, 1, max_len]: which gathered positions are real
+
+
+@dataclass
+class _Sequence:
+    start: int
+    end: int
+    seq_len: int
+    blocks: torch.Tensor | None  # None: no cached context, use this step's k and v
+    mask: torch.Tensor | None
+    causal: bool
+
+
+def _plan(meta: AttentionMetadata, block_size: int, device) -> list:
+    """The per-step work list of the reference, shared by every layer: decodes in groups of
+    DECODE_GROUP (one SDPA call each; a group's gathered K/V stays small enough to be read back
+    from cache, ~5x faster on CPU than one call for all), other sequences one by one."""
+    plan: list = []
+    decodes = [i for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
+               if q_len == 1 and seq_len > 1]
+    for g in range(0, len(decodes), DECODE_GROUP):
+        group = decodes[g:g + DECODE_GROUP]
+        rows = torch.tensor(group, device=device)
+        max_len = max(meta.seq_lens_host[i] for i in group)
+        blocks = meta.block_tables[rows, : -(-max_len // block_size)].flatten()
+        mask = torch.arange(max_len, device=device)[None, :] < meta.seq_lens[rows][:, None]
+        plan.append(_DecodeGroup(meta.cu_seqlens_q[rows].long(), blocks, max_len, mask[:, None, None, :]))
+    start = 0
+    decodes = set(decodes)
+    for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):
+        if i not in decodes:
+            blocks = mask = None
+            if seq_len > q_len:
+                blocks = meta.block_tables[i, : -(-seq_len // block_size)]
+                positions = torch.arange(seq_len - q_len, seq_len, device=device)
+                mask = torch.arange(seq_len, device=device)[None, :] <= positions[:, None]
+            # No cached context: plain causal (SDPA then skips the masked half). A single query
+            # with no context sees only itself.
+            plan.append(_Sequence(start, start + q_len, seq_len, blocks, mask, causal=1 < q_len == seq_len))
+        start += q_len
+    return plan
 
 
 def _gather_blocks(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     """The cache blocks `blocks` as one run of tokens `[len(blocks) * block_size, kv_heads, head_dim]`
     (index_select copies whole blocks; on CPU it is ~10x faster than advanced indexing)."""
     return cache.index_select(0, blocks).flatten(0, 1)
-
-
-def _prefix_sums(lengths):
-    sums = [0]
-    for n in lengths:
-        sums.append(sums[-1] + n)
-    return sums

@@ -6,6 +6,7 @@ callback raises is finished alone with an error; neither disturbs the others.
 """
 
 import itertools
+import operator
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,15 +78,15 @@ class LLMEngine:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise InvalidRequestError("a text prompt needs a tokenizer, and the model folder has none")
-            token_ids = self.tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+            token_ids = self.tokenizer.encode(prompt) if prompt else []
         else:
-            token_ids = list(prompt)
+            token_ids = [_as_token_id(t, pos) for pos, t in enumerate(prompt)]
         if not token_ids:
             raise InvalidRequestError("prompt is empty")
         vocab = self.model_config.vocab_size
         for pos, t in enumerate(token_ids):
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise InvalidRequestError(f"prompt token id {t!r} at position {pos} is outside the vocabulary [0, {vocab})")
+            if not 0 <= t < vocab:
+                raise InvalidRequestError(f"prompt token id {t} at position {pos} is outside the vocabulary [0, {vocab})")
         if len(token_ids) >= self.max_model_len:
             raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the maximum is {self.max_model_len - 1} "
                                       f"(max_model_len={self.max_model_len}, with room for one new token)")
@@ -173,6 +174,16 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_prefix_hit_tokens": self.block_manager.num_prefix_hit_tokens,
         }
+
+
+def _as_token_id(value, pos: int) -> int:
+    """An int, numpy integer or 0-d integer tensor as a plain int (bools are refused)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise InvalidRequestError(f"prompt token {value!r} at position {pos} is not an integer token id") from None
 
 
 def _load_tokenizer(folder: Path):

@@ -32,6 +32,21 @@ def test_token_id_outside_vocabulary(engine, bad):
         engine.add_request([5, 6, bad, 7])
 
 
+@pytest.mark.parametrize("bad", [1.5, "7", None, True])
+def test_token_that_is_not_an_integer(engine, bad):
+    with pytest.raises(InvalidRequestError, match="at position 1 is not an integer token id"):
+        engine.add_request([5, bad])
+
+
+def test_integer_like_token_ids_are_accepted(engine):
+    import numpy as np
+    import torch
+
+    rid = engine.add_request([np.int64(5), torch.tensor(6), 7], SamplingParams(max_tokens=1))
+    engine.abort(rid)
+    engine.step()
+
+
 @pytest.mark.parametrize("max_tokens", [0, -3])
 def test_max_tokens_below_one(max_tokens):
     with pytest.raises(InvalidRequestError, match=rf"max_tokens must be an integer >= 1, got {max_tokens}"):
