@@ -52,10 +52,13 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos().to(device), persistent=False)
         self.register_buffer("sin", emb.sin().to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].to(q.dtype)[:, None, :]
-        sin = self.sin[positions].to(q.dtype)[:, None, :]
-        return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[num_tokens, 1, head_dim]` for these positions (once per step, not per layer)."""
+        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + rotate_half(x) * sin
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -75,12 +78,12 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)  # views into the runner's KV pool
 
-    def forward(self, x, positions, meta: AttentionMetadata, rotary: RotaryEmbedding):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.view(n, -1))
@@ -106,8 +109,8 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, positions, meta, rotary):
-        x = x + self.self_attn(self.input_layernorm(x), positions, meta, rotary)
+    def forward(self, x, rope, meta):
+        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -131,8 +134,9 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]` of a flat batch of tokens."""
         x = self.model.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
         for layer in self.model.layers:
-            x = layer(x, positions, meta, self.rotary)
+            x = layer(x, rope, meta)
         return self.model.norm(x)
 
     @torch.inference_mode()
