@@ -141,14 +141,16 @@ def main():
     llm = LLM(args.model)
     t0 = time.perf_counter()
     ours = [list(o.token_ids) for o in llm.generate(
-        prompts, SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens))]
+        prompts, SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens), use_tqdm=True)]
     ours_s = time.perf_counter() - t0  # generate only, not model loading
     ours_tok = sum(map(len, ours))
     kv = llm.kv_cache_stats()
     # Of the KV blocks held at peak, the share filled with real tokens (the rest is block tails).
     kv_util = kv["tokens_at_peak"] / max(1, kv["peak_blocks_used"] * kv["block_size"])
     pool_occ = kv["peak_blocks_used"] / max(1, kv["num_blocks"])
-    del llm  # free its memory (the KV pool above all) before the reference loads its own copy
+    # Free the engine's memory (the KV pool above all) before the reference loads its own copy.
+    # The reference runs in this same process, so it gets the same allocator settings.
+    del llm
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
