@@ -1,0 +1,54 @@
+"""accuracy.txt as the reference scripts print it, and the per-benchmark accuracy targets the
+v6.1 submission checker enforces (mlperf-rules.md section 1)."""
+
+import numpy as np
+
+from accuracy.rouge import rouge_scores
+
+# metric -> (lowest allowed, highest allowed or None)
+TARGETS: dict[str, dict[str, tuple[float, float | None]]] = {
+    "llama3.1-8b": {
+        "rouge1": (38.7792 * 0.99, None), "rouge2": (15.9075 * 0.99, None), "rougeL": (24.4957 * 0.99, None),
+        "rougeLsum": (35.793 * 0.99, None), "gen_len": (8167644 * 0.9, 8167644 * 1.1),
+    },
+    "llama3.1-8b-edge": {
+        "rouge1": (39.06 * 0.99, None), "rouge2": (16.1147 * 0.99, None), "rougeL": (24.6375 * 0.99, None),
+        "rougeLsum": (36.124 * 0.99, None), "gen_len": (3051113 * 0.9, 3051113 * 1.1),
+    },
+    "llama2-70b-99.9": {
+        "rouge1": (44.4312 * 0.999, None), "rouge2": (22.0352 * 0.999, None), "rougeL": (28.6162 * 0.999, None),
+        "tokens_per_sample": (294.45 * 0.9, 294.45 * 1.1),
+    },
+}
+
+
+def summarization_accuracy(predictions: list[str], references: list[str], token_counts: list[int]) -> dict:
+    """The reference's result dict: ROUGE, gen_len, gen_num, and (as llama2-70b adds them)
+    gen_tok_len, the generated tokens including EOS, and tokens_per_sample."""
+    result = rouge_scores(predictions, references)
+    result["gen_tok_len"] = int(sum(token_counts))
+    result["tokens_per_sample"] = round(result["gen_tok_len"] / result["gen_num"], 1)
+    return result
+
+
+def format_accuracy_txt(result: dict) -> str:
+    """The script's stdout: a blank line, 'Results', a blank line, the dict. Values are cast to
+    plain int/float so the dict prints as numbers, never as np.float64(...)."""
+    plain = {k: int(v) if isinstance(v, (int, np.integer)) else float(v) for k, v in result.items()}
+    return f"\nResults\n\n{plain}\n"
+
+
+def check_targets(benchmark: str, result: dict) -> list[str]:
+    """One line per metric that misses its target; empty when all are met."""
+    if benchmark not in TARGETS:
+        raise KeyError(f"no accuracy targets for benchmark {benchmark!r}; known: {sorted(TARGETS)}")
+    failures = []
+    for metric, (low, high) in TARGETS[benchmark].items():
+        if metric not in result:
+            failures.append(f"{metric}: missing from the result")
+            continue
+        value = float(result[metric])
+        if value < low or (high is not None and value > high):
+            bound = f">= {low:.4f}" if high is None else f"in [{low:.4f}, {high:.4f}]"
+            failures.append(f"{metric} = {value} is not {bound}")
+    return failures
