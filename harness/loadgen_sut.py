@@ -1,0 +1,112 @@
+"""LoadGen system-under-test adapters over the online engine.
+
+The engine runs its step loop in a thread of its own. Offline puts every sample of LoadGen's one
+query into the engine at once and completes each sample the moment it finishes. Server (and
+Interactive, which is LoadGen's Server scenario with other limits) adds each query as it arrives,
+reports the first token with FirstTokenComplete the moment it is sampled, then completes the
+sample with all its tokens, beginning with that same first token. Responses are int32 token ids
+with n_tokens. A request the engine fails still completes its sample, so LoadGen never waits.
+"""
+
+import threading
+
+import mlperf_loadgen as lg
+import numpy as np
+
+from sut import LLMEngine, SamplingParams
+
+
+class EngineLoop:
+    """Steps the engine in a background thread while it has work; calls `on_finish(output)`."""
+
+    def __init__(self, engine: LLMEngine, on_finish):
+        self.engine = engine
+        self.on_finish = on_finish
+        self.errors: list[str] = []
+        self._wake = threading.Event()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        while not self._stop:
+            if not self.engine.has_unfinished():
+                self._wake.wait(0.05)
+                self._wake.clear()
+                continue
+            for out in self.engine.step():
+                self.on_finish(out)
+
+    def stop(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+
+
+def _complete(sample_id: int, tokens: list[int], first_token: bool = False) -> None:
+    data = np.asarray(tokens, dtype=np.int32)
+    ptr, size = data.ctypes.data, data.nbytes  # LoadGen copies the bytes during the call
+    response = lg.QuerySampleResponse(sample_id, ptr, size, len(tokens))
+    (lg.FirstTokenComplete if first_token else lg.QuerySamplesComplete)([response])
+
+
+class EngineSUT:
+    """One adapter for every scenario; `stream_first_token` is on for Server and Interactive."""
+
+    def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, stream_first_token: bool):
+        self.engine = engine
+        self.prompts = prompts  # QSL index -> token ids
+        self.params = params
+        self.stream_first_token = stream_first_token
+        self.errors: list[str] = []
+        self.completed = 0
+        self._lock = threading.Lock()
+        self.loop = EngineLoop(engine, self._on_finish)
+        self.handle = lg.ConstructSUT(self.issue_queries, self.flush_queries)
+
+    def issue_queries(self, query_samples) -> None:
+        for sample in query_samples:
+            on_token = self._first_token_reporter(sample.id) if self.stream_first_token else None
+            try:
+                self.engine.add_request(self.prompts[sample.index], self.params, request_id=sample.id, on_token=on_token)
+            except Exception as e:  # refused up front: answer at once so LoadGen does not wait
+                self._record_error(f"sample {sample.index}: {e}")
+                _complete(sample.id, [])
+        self.loop.wake()
+
+    def _first_token_reporter(self, sample_id: int):
+        sent = False
+
+        def on_token(token: int) -> None:
+            nonlocal sent
+            if not sent:
+                sent = True
+                _complete(sample_id, [token], first_token=True)
+
+        return on_token
+
+    def _on_finish(self, out) -> None:
+        if out.error is not None:
+            self._record_error(f"request {out.request_id}: {out.error}")
+        _complete(out.request_id, out.token_ids)
+        with self._lock:
+            self.completed += 1
+
+    def _record_error(self, message: str) -> None:
+        with self._lock:
+            self.errors.append(message)
+
+    def flush_queries(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.loop.stop()
+        lg.DestroySUT(self.handle)
+
+
+def construct_qsl(num_samples: int, performance_count: int):
+    """The samples live in memory already (tokenized up front, untimed): load and unload are no-ops."""
+    return lg.ConstructQSL(num_samples, performance_count, lambda indices: None, lambda indices: None)

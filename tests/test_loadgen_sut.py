@@ -1,0 +1,95 @@
+"""LoadGen runs against the engine adapters: Offline and Server performance runs that LoadGen
+reports VALID, an accuracy run whose log decodes to exactly the engine's tokens, and the first
+token of every Server sample equal to the start of its final response."""
+
+import json
+import re
+
+import mlperf_loadgen as lg
+import pytest
+
+from accuracy.accuracy_log import read_accuracy_log
+from harness.loadgen_sut import EngineSUT, construct_qsl
+from sut import LLM, LLMEngine, SamplingParams
+from tests.conftest import random_prompts
+
+NUM_SAMPLES = 24
+PARAMS = SamplingParams(max_tokens=8, min_tokens=2)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    return random_prompts([5 + (i * 7) % 40 for i in range(NUM_SAMPLES)], seed=21)
+
+
+def run_loadgen(tiny_llama, prompts, tmp_path, scenario, mode, **settings_values):
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=32)
+    sut = EngineSUT(engine, prompts, PARAMS, stream_first_token=scenario != lg.TestScenario.Offline)
+    qsl = construct_qsl(len(prompts), len(prompts))
+    settings = lg.TestSettings()
+    settings.scenario, settings.mode = scenario, mode
+    settings.use_token_latencies = True
+    for key, value in settings_values.items():
+        setattr(settings, key, value)
+    log_settings = lg.LogSettings()
+    log_settings.log_output.outdir = str(tmp_path)
+    log_settings.log_output.copy_summary_to_stdout = False
+    lg.StartTestWithLogSettings(sut.handle, qsl, settings, log_settings)
+    sut.close()
+    lg.DestroyQSL(qsl)
+    return sut.errors
+
+
+def detail(tmp_path):
+    entries = {}
+    for line in (tmp_path / "mlperf_log_detail.txt").read_text().splitlines():
+        if line.startswith(":::MLLOG"):
+            entry = json.loads(line[len(":::MLLOG"):])
+            assert not entry["metadata"].get("is_error"), entry
+            entries[entry["key"]] = entry["value"]
+    return entries
+
+
+def test_offline_performance_run_is_valid(tiny_llama, prompts, tmp_path):
+    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.PerformanceOnly,
+                           min_duration_ms=500, min_query_count=NUM_SAMPLES, offline_expected_qps=2000)
+    summary = (tmp_path / "mlperf_log_summary.txt").read_text()
+    assert "Result is : VALID" in summary, summary
+    assert detail(tmp_path)["result_validity"] == "VALID"
+
+
+def test_server_performance_run_is_valid_and_streams_the_first_token(tiny_llama, prompts, tmp_path):
+    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
+                           server_target_qps=100, min_duration_ms=1000, min_query_count=480, ttft_latency=2_000_000_000,
+                           tpot_latency=500_000_000, accuracy_log_probability=1.0)
+    summary = (tmp_path / "mlperf_log_summary.txt").read_text()
+    assert "Result is : VALID" in summary, summary
+    d = detail(tmp_path)
+    assert d["result_first_token_99.00_percentile_latency_ns"] < d["result_99.00_percentile_latency_ns"]
+    entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
+    assert len(entries) >= 480
+    for e in entries:
+        assert e["data"].startswith(e["token_data"]) and len(e["token_data"]) == 8  # one int32 first token
+        assert e["token_count"] == len(e["data"]) // 8 >= 2
+
+
+def test_accuracy_run_logs_exactly_the_engine_tokens(tiny_llama, prompts, tmp_path):
+    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.AccuracyOnly,
+                           min_query_count=NUM_SAMPLES)
+    logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
+    expected = LLM(tiny_llama[0], num_kv_blocks=512).generate(prompts, PARAMS)
+    assert sorted(logged) == list(range(NUM_SAMPLES))
+    assert [logged[i] for i in range(NUM_SAMPLES)] == [o.token_ids for o in expected]
+    assert re.search(r"qsl_reported_total_count", (tmp_path / "mlperf_log_detail.txt").read_text())
+
+
+@pytest.mark.parametrize("scenario", [lg.TestScenario.Offline, lg.TestScenario.Server])
+def test_a_bad_sample_is_reported_and_the_run_ends(tiny_llama, prompts, tmp_path, scenario):
+    bad = list(prompts)
+    bad[5] = [3, 10**6]  # a token id outside the vocabulary
+    errors = run_loadgen(tiny_llama, bad, tmp_path, scenario, lg.TestMode.AccuracyOnly, min_query_count=NUM_SAMPLES,
+                         server_target_qps=100)
+    assert len(errors) == 1 and errors[0].startswith("sample 5: prompt token id 1000000 at position 1")
+    logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
+    assert sorted(logged) == list(range(NUM_SAMPLES)) and logged[5] == []
+    assert all(len(logged[i]) >= 2 for i in range(NUM_SAMPLES) if i != 5)
