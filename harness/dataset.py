@@ -1,0 +1,49 @@
+"""Benchmark datasets in the form the reference implementations read: `cnn_eval.json` for
+llama3.1-8b (a JSON list of records with `tok_input`, the prompt's token ids, and `output`, the
+reference summary; `input` holds the prompt text). The CPU demo's XSum stand-in is written in the
+same form. Every problem names the file, the sample and the field."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class DatasetError(ValueError):
+    pass
+
+
+@dataclass
+class Dataset:
+    path: Path
+    input_ids: list[list[int]]  # QSL index -> prompt token ids
+    references: list[str]  # QSL index -> reference output text
+
+    def __len__(self):
+        return len(self.input_ids)
+
+
+def load_cnn_eval(path: str | Path) -> Dataset:
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"{path}: dataset file not found (for the demo, run `make data`)")
+    try:
+        records = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DatasetError(f"{path}: not valid JSON ({e})") from e
+    if not isinstance(records, list) or not records:
+        raise DatasetError(f"{path}: expected a non-empty JSON list of samples")
+    input_ids, references = [], []
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise DatasetError(f"{path}: sample {i} is not an object")
+        for field in ("tok_input", "output"):
+            if field not in record:
+                raise DatasetError(f"{path}: sample {i} has no {field!r} field")
+        ids = record["tok_input"]
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+            raise DatasetError(f"{path}: sample {i} field 'tok_input' must be a non-empty list of token ids")
+        if not isinstance(record["output"], str):
+            raise DatasetError(f"{path}: sample {i} field 'output' must be a string")
+        input_ids.append(ids)
+        references.append(record["output"])
+    return Dataset(path, input_ids, references)

@@ -1,0 +1,71 @@
+"""Build the CPU demo's dataset: XSum (BBC articles with one-sentence reference summaries) from
+the BIG-bench sdist on PyPI, downloaded with pip but never installed (its requirements pull
+TensorFlow), checked by SHA-256, written in the cnn_eval.json form with SmolLM2's chat template.
+
+    python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum_demo.json
+"""
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+BIGBENCH = "bigbench==1.0.0"
+BIGBENCH_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
+XSUM_MEMBER = "bigbench-1.0.0/bigbench/benchmark_tasks/gem/xsum/task.json"
+INSTRUCTION = ("Summarize the following news article in one sentence. Output the summary only, "
+               "without any other text.\n\nArticle:\n{article}")
+
+
+def download_xsum() -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", BIGBENCH, "-d", tmp], check=True)
+        (archive,) = Path(tmp).glob("bigbench-*.tar.gz")
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        if digest != BIGBENCH_SHA256:
+            sys.exit(f"demo_data: {archive.name} has SHA-256 {digest}, expected {BIGBENCH_SHA256}")
+        with tarfile.open(archive) as tar:
+            return json.load(tar.extractfile(XSUM_MEMBER))["examples"]
+
+
+def build(examples: list[dict], tokenizer, num_samples: int, max_prompt_tokens: int) -> list[dict]:
+    """The first `num_samples` articles whose prompt fits in `max_prompt_tokens`, in dataset order."""
+    records = []
+    for example in examples:
+        messages = [{"role": "user", "content": INSTRUCTION.format(article=example["input"].strip())}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) <= max_prompt_tokens:
+            records.append({"input": text, "tok_input": ids, "output": example["target"].strip(),
+                            "id": example.get("comment", "")})
+        if len(records) == num_samples:
+            break
+    return records
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokenizer", required=True, help="model folder with the tokenizer")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--num-samples", type=int, default=200)
+    parser.add_argument("--max-prompt-tokens", type=int, default=512)
+    args = parser.parse_args()
+    from transformers import AutoTokenizer
+
+    records = build(download_xsum(), AutoTokenizer.from_pretrained(args.tokenizer), args.num_samples,
+                    args.max_prompt_tokens)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(records))
+    tmp.replace(args.out)
+    lengths = [len(r["tok_input"]) for r in records]
+    print(f"demo_data: {len(records)} XSum samples -> {args.out} (prompt tokens mean {sum(lengths) / len(lengths):.0f}, "
+          f"max {max(lengths)})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""Datasets in the cnn_eval.json form: loading, the demo's XSum builder, and clear errors."""
+
+import json
+
+import pytest
+
+from harness.dataset import DatasetError, load_cnn_eval
+from harness.demo_data import build
+
+
+def write(path, records):
+    path.write_text(json.dumps(records))
+    return path
+
+
+def test_load_cnn_eval(tmp_path):
+    path = write(tmp_path / "cnn_eval.json", [{"input": "a", "tok_input": [1, 2, 3], "output": "x"},
+                                               {"input": "b", "tok_input": [4], "output": "y"}])
+    data = load_cnn_eval(path)
+    assert len(data) == 2 and data.input_ids == [[1, 2, 3], [4]] and data.references == ["x", "y"]
+
+
+@pytest.mark.parametrize("records, message", [
+    ([{"tok_input": [1]}], "sample 0 has no 'output' field"),
+    ([{"output": "x"}], "sample 0 has no 'tok_input' field"),
+    ([{"tok_input": [1], "output": "x"}, {"tok_input": [], "output": "y"}],
+     "sample 1 field 'tok_input' must be a non-empty list of token ids"),
+    ([{"tok_input": [1, "2"], "output": "x"}], "sample 0 field 'tok_input' must be a non-empty list"),
+    ([{"tok_input": [1], "output": 3}], "sample 0 field 'output' must be a string"),
+    ([], "expected a non-empty JSON list"),
+])
+def test_bad_samples_are_named(tmp_path, records, message):
+    with pytest.raises(DatasetError, match=message):
+        load_cnn_eval(write(tmp_path / "d.json", records))
+
+
+def test_missing_or_corrupt_file(tmp_path):
+    with pytest.raises(DatasetError, match="dataset file not found"):
+        load_cnn_eval(tmp_path / "none.json")
+    (tmp_path / "bad.json").write_text("[{")
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        load_cnn_eval(tmp_path / "bad.json")
+
+
+def test_demo_builder_writes_chat_prompts_that_load_back(smollm2_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    examples = [{"input": "The council met on Tuesday. " * n, "target": f" Summary {n}. ", "comment": f"xsum-test-{n}"}
+                for n in (3, 400, 5, 2)]
+    records = build(examples, tokenizer, num_samples=2, max_prompt_tokens=200)
+    assert [r["id"] for r in records] == ["xsum-test-3", "xsum-test-5"]  # the 400x article is too long
+    assert records[0]["output"] == "Summary 3."
+    assert records[0]["input"].startswith("<|im_start|>system") and records[0]["input"].endswith("<|im_start|>assistant\n")
+    data = load_cnn_eval(write(tmp_path / "demo.json", records))
+    assert data.input_ids[0] == tokenizer.encode(records[0]["input"], add_special_tokens=False)
+    assert all(len(ids) <= 200 for ids in data.input_ids)
