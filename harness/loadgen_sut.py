@@ -56,8 +56,10 @@ def _complete(sample_id: int, tokens: list[int], first_token: bool = False) -> N
 class EngineSUT:
     """One adapter for every scenario; `stream_first_token` is on for Server and Interactive."""
 
-    def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, stream_first_token: bool):
+    def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, stream_first_token: bool,
+                 on_complete=None):
         self.engine = engine
+        self.on_complete = on_complete  # called with each finished output (a progress bar)
         self.prompts = prompts  # QSL index -> token ids
         self.params = params
         self.stream_first_token = stream_first_token
@@ -94,6 +96,8 @@ class EngineSUT:
         _complete(out.request_id, out.token_ids)
         with self._lock:
             self.completed += 1
+        if self.on_complete is not None:
+            self.on_complete(out)
 
     def _record_error(self, message: str) -> None:
         with self._lock:

@@ -1,0 +1,28 @@
+"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy`"""
+
+import argparse
+import sys
+
+from harness.config import BENCHMARKS, MODES, SCENARIOS, HarnessConfigError, RunConfig
+from harness.dataset import DatasetError
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness", description="Run a LoadGen test on the engine.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="one LoadGen run")
+    run_parser.add_argument("--system", default="cpu-demo")
+    run_parser.add_argument("--benchmark", default="llama3.1-8b", help=f"one of {sorted(BENCHMARKS)}")
+    run_parser.add_argument("--scenario", default="Offline", help=f"one of {sorted(SCENARIOS)}")
+    run_parser.add_argument("--mode", default="performance", help=f"one of {sorted(MODES)}")
+    args = parser.parse_args()
+    from harness.run import run
+
+    try:
+        print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode)))
+    except (HarnessConfigError, DatasetError) as e:
+        sys.exit(f"harness: {e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""What a run is made of: the benchmark (LoadGen model name, dataset, generation limits), the
+scenario, the system (model folder, dataset files, engine settings from systems/<system>.json),
+and the user.conf under measurements/<system>/<benchmark>/<Scenario>/, checked before LoadGen
+starts so a bad file fails with its line and key instead of being half-applied."""
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlperf_loadgen as lg
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class HarnessConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # submission directory name
+    loadgen_model: str  # first field of mlperf.conf keys
+    max_new_tokens: int
+    accuracy_targets_from: str  # key into accuracy.report.TARGETS, or "demo"
+
+
+BENCHMARKS = {
+    "llama3.1-8b": Benchmark("llama3.1-8b", "llama3_1-8b", 128, "llama3.1-8b"),
+}
+SCENARIOS = {
+    "Offline": lg.TestScenario.Offline,
+    "Server": lg.TestScenario.Server,
+    "Interactive": lg.TestScenario.Server,  # LoadGen's Server with the "-interactive" model's limits
+    "SingleStream": lg.TestScenario.SingleStream,
+}
+MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
+
+# user.conf keys LoadGen reads (test_settings_internal.cc); seeds come only from mlperf.conf.
+USER_CONF_KEYS = {
+    "target_qps", "target_latency", "target_latency_percentile", "min_duration", "max_duration", "min_query_count",
+    "max_query_count", "performance_sample_count_override", "accuracy_sample_count_override", "samples_per_query",
+    "max_async_queries", "coalesce_queries", "ttft_latency", "tpot_latency", "use_token_latencies",
+    "infer_token_latencies", "token_latency_scaling_factor", "sample_concatenate_permutation", "print_timestamps",
+    "mode", "accuracy_log_probability", "accuracy_log_sampling_target", "test05",
+}
+USER_CONF_LINE = re.compile(r"^\s*([\w.*-]+)\.([\w*]+)\.(\w+)\s*=\s*(\S+)\s*$")
+
+
+def loadgen_model_name(benchmark: Benchmark, scenario: str) -> str:
+    return benchmark.loadgen_model + ("-interactive" if scenario == "Interactive" else "")
+
+
+def check_user_conf(path: Path) -> None:
+    """Every non-comment line is `model.scenario.key = number` with a key LoadGen knows."""
+    if not path.is_file():
+        raise HarnessConfigError(f"{path}: user.conf not found")
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        match = USER_CONF_LINE.match(text)
+        if not match:
+            raise HarnessConfigError(f"{path}:{n}: expected 'model.scenario.key = value', got {line!r}")
+        _, scenario, key, value = match.groups()
+        if scenario != "*" and scenario not in ("Offline", "Server", "SingleStream", "MultiStream"):
+            raise HarnessConfigError(f"{path}:{n}: unknown scenario {scenario!r}")
+        if key not in USER_CONF_KEYS:
+            raise HarnessConfigError(f"{path}:{n}: unknown key {key!r}; known keys: {sorted(USER_CONF_KEYS)}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise HarnessConfigError(f"{path}:{n}: {key} must be a number, got {value!r}") from None
+        if number < 0:
+            raise HarnessConfigError(f"{path}:{n}: {key} must not be negative, got {value}")
+
+
+@dataclass
+class System:
+    name: str
+    model: Path
+    datasets: dict[str, Path]  # benchmark -> dataset file
+    engine: dict  # LLM engine settings
+
+    @staticmethod
+    def load(name: str) -> "System":
+        path = REPO / "systems" / f"{name}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in (REPO / "systems").glob("*.json"))
+            raise HarnessConfigError(f"unknown system {name!r}: no {path}; known systems: {known}")
+        try:
+            raw = json.loads(path.read_text())
+            harness = raw["saaf_harness"]
+            return System(name, _expand(harness["model"]),
+                          {b: _expand(p) for b, p in harness["datasets"].items()}, dict(harness.get("engine", {})))
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise HarnessConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
+
+
+def _expand(value: str) -> Path:
+    cache = os.environ.get("SAAF_CACHE", str(Path("~/.cache/saaf-infer").expanduser()))
+    return Path(os.path.expandvars(value.replace("${SAAF_CACHE}", cache))).expanduser()
+
+
+@dataclass
+class RunConfig:
+    system: System
+    benchmark: Benchmark
+    scenario: str
+    mode: str
+    user_conf: Path
+    log_dir: Path
+
+    @staticmethod
+    def resolve(system: str, benchmark: str, scenario: str, mode: str) -> "RunConfig":
+        if benchmark not in BENCHMARKS:
+            raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
+        if scenario not in SCENARIOS:
+            raise HarnessConfigError(f"unknown scenario {scenario!r}; known: {sorted(SCENARIOS)}")
+        if mode not in MODES:
+            raise HarnessConfigError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
+        sys_config = System.load(system)
+        if benchmark not in sys_config.datasets:
+            raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
+        user_conf = REPO / "measurements" / system / benchmark / scenario / "user.conf"
+        check_user_conf(user_conf)
+        log_dir = REPO / "build" / "logs" / system / benchmark / scenario / mode
+        return RunConfig(sys_config, BENCHMARKS[benchmark], scenario, mode, user_conf, log_dir)

@@ -1,0 +1,73 @@
+"""One LoadGen run: a system's engine on a benchmark's dataset in one scenario and mode, logs under
+build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict."""
+
+import json
+from pathlib import Path
+
+import mlperf_loadgen as lg
+from tqdm import tqdm
+
+from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig, loadgen_model_name
+from harness.dataset import load_cnn_eval
+from harness.loadgen_sut import EngineSUT, construct_qsl
+
+
+def read_detail_log(log_dir: Path) -> dict:
+    values = {}
+    for line in (log_dir / "mlperf_log_detail.txt").read_text().splitlines():
+        if line.startswith(":::MLLOG"):
+            entry = json.loads(line[len(":::MLLOG"):])
+            values[entry["key"]] = entry["value"]
+    return values
+
+
+def run(cfg: RunConfig) -> str:
+    """Run LoadGen; return the summary line. Everything that can be checked is checked before
+    LoadGen starts."""
+    dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
+    settings = lg.TestSettings()
+    conf_scenario = "Server" if cfg.scenario == "Interactive" else cfg.scenario
+    if settings.FromConfig(str(cfg.user_conf), loadgen_model_name(cfg.benchmark, cfg.scenario), conf_scenario):
+        raise HarnessConfigError(f"{cfg.user_conf}: LoadGen refused it (see its log line above)")
+    settings.scenario, settings.mode = SCENARIOS[cfg.scenario], MODES[cfg.mode]
+
+    from sut import LLMEngine, SamplingParams
+
+    engine = LLMEngine(cfg.system.model, **cfg.system.engine)
+    # At least 2 tokens: LoadGen logs an error for a 1-token response when token latencies are on.
+    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=2)
+    cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    log_settings = lg.LogSettings()
+    log_settings.log_output.outdir = str(cfg.log_dir)
+    log_settings.log_output.copy_summary_to_stdout = False
+    bar = tqdm(desc=f"{cfg.scenario} {cfg.mode}", unit="sample")
+    sut = EngineSUT(engine, dataset.input_ids, params, stream_first_token=cfg.scenario != "Offline",
+                    on_complete=lambda out: bar.update(1))
+    performance_count = min(len(dataset), settings.performance_sample_count_override or len(dataset))
+    qsl = construct_qsl(len(dataset), performance_count)
+    try:
+        lg.StartTestWithLogSettings(sut.handle, qsl, settings, log_settings)
+    finally:
+        sut.close()
+        lg.DestroyQSL(qsl)
+        bar.close()
+    for error in sut.errors:
+        print(f"error: {error}")
+    detail = read_detail_log(cfg.log_dir)
+    if cfg.mode == "accuracy":
+        from transformers import AutoTokenizer
+
+        from accuracy.evaluate import evaluate_summarization
+
+        result = evaluate_summarization(cfg.log_dir / "mlperf_log_accuracy.json", dataset.references,
+                                        AutoTokenizer.from_pretrained(cfg.system.model), cfg.log_dir / "accuracy.txt")
+        scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
+        return f"{cfg.scenario} accuracy: {scores}; {len(sut.errors)} errors; logs in {cfg.log_dir}"
+    tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
+    ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
+    tpot = detail.get("result_time_per_output_token_99.00_percentile_ns")
+    latency = ""
+    if ttft is not None and tpot is not None and cfg.scenario != "Offline":
+        latency = f", p99 TTFT {ttft / 1e6:.0f} ms, p99 TPOT {tpot / 1e6:.1f} ms"
+    return (f"{cfg.scenario} performance: {detail.get('result_validity', 'INVALID')}, {tokens_per_s:.1f} tokens/s"
+            f"{latency}; {len(sut.errors)} errors; logs in {cfg.log_dir}")

@@ -1,0 +1,50 @@
+"""The run CLI's configuration fails with a clear error before LoadGen starts."""
+
+import subprocess
+import sys
+
+import pytest
+
+from harness.config import HarnessConfigError, RunConfig, check_user_conf
+from tests.test_kernels_name import REPO
+
+
+def test_demo_configuration_resolves():
+    cfg = RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")
+    assert cfg.user_conf == REPO / "measurements/cpu-demo/llama3.1-8b/Offline/user.conf"
+    assert cfg.log_dir == REPO / "build/logs/cpu-demo/llama3.1-8b/Offline/performance"
+    assert cfg.system.model.name == "smollm2-135m-instruct"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("cpu-demo", "gptj", "Offline", "performance"), "unknown benchmark 'gptj'"),
+    (("nosuch", "llama3.1-8b", "Offline", "performance"), "unknown system 'nosuch'"),
+    (("cpu-demo", "llama3.1-8b", "MultiStream", "performance"), "unknown scenario 'MultiStream'"),
+    (("cpu-demo", "llama3.1-8b", "Offline", "fast"), "unknown mode 'fast'"),
+    (("cpu-demo", "llama3.1-8b", "Interactive", "performance"), "Interactive/user.conf: user.conf not found"),
+])
+def test_unknown_names(args, message):
+    with pytest.raises(HarnessConfigError, match=message):
+        RunConfig.resolve(*args)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("llama3_1-8b.Offline.target_qsp = 3", r":1: unknown key 'target_qsp'"),
+    ("llama3_1-8b.Offline.min_duration = ten", r":1: min_duration must be a number, got 'ten'"),
+    ("llama3_1-8b.Offline.min_duration = -5", r":1: min_duration must not be negative"),
+    ("llama3_1-8b.Ofline.min_duration = 5", r":1: unknown scenario 'Ofline'"),
+    ("target_qps 3", r":1: expected 'model.scenario.key = value'"),
+])
+def test_bad_user_conf(tmp_path, line, message):
+    path = tmp_path / "user.conf"
+    path.write_text(line + "\n# a comment\n")
+    with pytest.raises(HarnessConfigError, match=message):
+        check_user_conf(path)
+
+
+def test_cli_reports_a_missing_dataset_before_loadgen(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "cpu-demo"], cwd=REPO,
+                         capture_output=True, text=True, env={"SAAF_CACHE": str(tmp_path), "PATH": ""})
+    assert out.returncode != 0
+    assert "xsum_demo.json: dataset file not found (for the demo, run `make data`)" in out.stderr
+    assert "mlperf_log" not in out.stdout
