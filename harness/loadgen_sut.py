@@ -22,7 +22,6 @@ class EngineLoop:
     def __init__(self, engine: LLMEngine, on_finish):
         self.engine = engine
         self.on_finish = on_finish
-        self.errors: list[str] = []
         self._wake = threading.Event()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -37,7 +36,11 @@ class EngineLoop:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
-            for out in self.engine.step():
+            try:
+                outputs = self.engine.step()
+            except Exception as e:  # fail what is in flight, answer it, keep serving
+                outputs = self.engine.fail_all(f"engine step failed: {e!r}")
+            for out in outputs:
                 self.on_finish(out)
 
     def stop(self) -> None:

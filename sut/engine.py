@@ -137,6 +137,18 @@ class LLMEngine:
                 self._append_token(seq, token, finished)
         return [self._output(seq) for seq in finished]
 
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """Finish every unfinished request with `error` (after a step raised): callers get an
+        answer for each instead of waiting forever, and the engine is empty and usable again."""
+        finished: list[Sequence] = []
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        for seq in [item for kind, item in inbox if kind == "add"] + list(self.scheduler.running) + list(self.scheduler.waiting):
+            if not seq.is_finished:
+                seq.error = error
+                self._finish(seq, "error", finished)
+        return [self._output(seq) for seq in finished]
+
     def _append_token(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
         seq.output_token_ids.append(token)
         if seq.on_token is not None:

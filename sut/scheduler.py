@@ -88,9 +88,9 @@ class Scheduler:
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:
-        if seq.status == SequenceStatus.RUNNING:
+        if seq in self.running:
             self.running.remove(seq)
-        elif seq.status == SequenceStatus.WAITING:
+        elif seq in self.waiting:
             self.waiting.remove(seq)
         self._release(seq)
         seq.status = SequenceStatus.FINISHED

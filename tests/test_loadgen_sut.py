@@ -22,8 +22,8 @@ def prompts():
     return random_prompts([5 + (i * 7) % 40 for i in range(NUM_SAMPLES)], seed=21)
 
 
-def run_loadgen(tiny_llama, prompts, tmp_path, scenario, mode, **settings_values):
-    engine = LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=32)
+def run_loadgen(tiny_llama, prompts, tmp_path, scenario, mode, engine=None, **settings_values):
+    engine = engine or LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=32)
     sut = EngineSUT(engine, prompts, PARAMS, stream_first_token=scenario != lg.TestScenario.Offline)
     qsl = construct_qsl(len(prompts), len(prompts))
     settings = lg.TestSettings()
@@ -93,3 +93,30 @@ def test_a_bad_sample_is_reported_and_the_run_ends(tiny_llama, prompts, tmp_path
     logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
     assert sorted(logged) == list(range(NUM_SAMPLES)) and logged[5] == []
     assert all(len(logged[i]) >= 2 for i in range(NUM_SAMPLES) if i != 5)
+
+
+def test_an_engine_failure_fails_its_requests_and_the_run_ends(tiny_llama, prompts, tmp_path):
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=8)
+    run, calls = engine.runner.run, []
+
+    def flaky(batch):
+        calls.append(len(batch))
+        if len(calls) == 3:
+            raise RuntimeError("device lost")
+        return run(batch)
+
+    engine.runner.run = flaky
+    errors = run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.AccuracyOnly,
+                         engine=engine, min_query_count=NUM_SAMPLES)
+    logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
+    assert sorted(logged) == list(range(NUM_SAMPLES)), "every sample was answered"
+    # Offline puts every sample in flight at once, so all of them fail, each answered once.
+    assert len(errors) == NUM_SAMPLES and all("device lost" in e for e in errors)
+    engine.block_manager.check_invariants([])
+    assert engine.block_manager.num_free_blocks == 512
+    # The engine is empty and serves the next request normally.
+    engine.add_request(prompts[0], PARAMS, request_id="after")
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert outputs[0].finish_reason in ("stop", "length") and len(outputs[0].token_ids) >= 2
