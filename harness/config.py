@@ -23,11 +23,10 @@ class Benchmark:
     name: str  # submission directory name
     loadgen_model: str  # first field of mlperf.conf keys
     max_new_tokens: int
-    accuracy_targets_from: str  # key into accuracy.report.TARGETS, or "demo"
 
 
 BENCHMARKS = {
-    "llama3.1-8b": Benchmark("llama3.1-8b", "llama3_1-8b", 128, "llama3.1-8b"),
+    "llama3.1-8b": Benchmark("llama3.1-8b", "llama3_1-8b", 128),
 }
 SCENARIOS = {
     "Offline": lg.TestScenario.Offline,
@@ -82,6 +81,7 @@ class System:
     model: Path
     datasets: dict[str, Path]  # benchmark -> dataset file
     engine: dict  # LLM engine settings
+    accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
 
     @staticmethod
     def load(name: str) -> "System":
@@ -92,8 +92,9 @@ class System:
         try:
             raw = json.loads(path.read_text())
             harness = raw["saaf_harness"]
-            return System(name, _expand(harness["model"]),
-                          {b: _expand(p) for b, p in harness["datasets"].items()}, dict(harness.get("engine", {})))
+            reference = harness.get("accuracy_reference")
+            return System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
+                          dict(harness.get("engine", {})), REPO / reference if reference else None)
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise HarnessConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
 
@@ -123,6 +124,10 @@ class RunConfig:
         sys_config = System.load(system)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
+        reference = sys_config.accuracy_reference
+        if mode == "accuracy" and reference is not None and not reference.is_file():
+            raise HarnessConfigError(f"system {system!r} names accuracy reference {reference}, which does not exist "
+                                     "(record it with `python -m accuracy.reference_run`)")
         user_conf = REPO / "measurements" / system / benchmark / scenario / "user.conf"
         check_user_conf(user_conf)
         log_dir = REPO / "build" / "logs" / system / benchmark / scenario / mode

@@ -7,6 +7,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 from tqdm import tqdm
 
+from accuracy.report import check_targets, reference_targets, targets_for
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig, loadgen_model_name
 from harness.dataset import load_cnn_eval
 from harness.loadgen_sut import EngineSUT, construct_qsl
@@ -61,8 +62,13 @@ def run(cfg: RunConfig) -> str:
 
         result = evaluate_summarization(cfg.log_dir / "mlperf_log_accuracy.json", dataset.references,
                                         AutoTokenizer.from_pretrained(cfg.system.model), cfg.log_dir / "accuracy.txt")
+        reference = cfg.system.accuracy_reference
+        targets = (reference_targets(json.loads(reference.read_text())["scores"]) if reference
+                   else targets_for(cfg.benchmark.name))
+        failures = check_targets(targets, result)
+        verdict = "PASS" if not failures else "FAIL (" + "; ".join(failures) + ")"
         scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
-        return f"{cfg.scenario} accuracy: {scores}; {len(sut.errors)} errors; logs in {cfg.log_dir}"
+        return f"{cfg.scenario} accuracy: {verdict}: {scores}; {len(sut.errors)} errors; logs in {cfg.log_dir}"
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
     tpot = detail.get("result_time_per_output_token_99.00_percentile_ns")

@@ -8,7 +8,8 @@ import pytest
 from rouge_score.rouge_scorer import RougeScorer
 
 from accuracy.accuracy_log import AccuracyLogError, read_accuracy_log
-from accuracy.report import check_targets, format_accuracy_txt, summarization_accuracy
+from accuracy.report import (check_targets, format_accuracy_txt, reference_targets, summarization_accuracy,
+                             targets_for)
 from accuracy.rouge import postprocess, rouge_scores
 from accuracy.sentences import sent_tokenize
 
@@ -89,12 +90,21 @@ def test_accuracy_txt_matches_the_checker_patterns():
 
 
 def test_targets():
+    targets = targets_for("llama3.1-8b")
     good = {"rouge1": 38.5, "rouge2": 15.8, "rougeL": 24.3, "rougeLsum": 35.5, "gen_len": 8_000_000}
-    assert check_targets("llama3.1-8b", good) == []
+    assert check_targets(targets, good) == []
     low = {**good, "rouge2": 15.0, "gen_len": 9_500_000}
-    failures = check_targets("llama3.1-8b", low)
+    failures = check_targets(targets, low)
     assert len(failures) == 2 and failures[0].startswith("rouge2 = 15.0 is not >= 15.7484")
-    assert check_targets("llama2-70b-99.9", {"rouge1": 45, "rouge2": 23, "rougeL": 29}) == [
+    assert check_targets(targets_for("llama2-70b-99.9"), {"rouge1": 45, "rouge2": 23, "rougeL": 29}) == [
         "tokens_per_sample: missing from the result"]
     with pytest.raises(KeyError, match="no accuracy targets for benchmark 'gptj'"):
-        check_targets("gptj", good)
+        targets_for("gptj")
+
+
+def test_reference_targets_are_99_percent_of_the_reference():
+    reference = {"rouge1": 20.0, "rouge2": 5.0, "rougeL": 15.0, "rougeLsum": 16.0, "gen_len": 1000}
+    targets = reference_targets(reference)
+    assert targets["rouge1"] == (19.8, None) and targets["gen_len"] == (900.0, 1100.0)
+    assert check_targets(targets, {**reference, "rouge2": 4.96}) == []
+    assert check_targets(targets, {**reference, "rouge2": 4.94}) == ["rouge2 = 4.94 is not >= 4.9500"]

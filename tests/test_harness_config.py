@@ -48,3 +48,14 @@ def test_cli_reports_a_missing_dataset_before_loadgen(tmp_path):
     assert out.returncode != 0
     assert "xsum_demo.json: dataset file not found (for the demo, run `make data`)" in out.stderr
     assert "mlperf_log" not in out.stdout
+
+
+def test_missing_accuracy_reference_is_caught_before_an_accuracy_run(monkeypatch, tmp_path):
+    from harness import config
+
+    demo = config.System.load("cpu-demo")
+    demo.accuracy_reference = tmp_path / "none.json"
+    monkeypatch.setattr(config.System, "load", staticmethod(lambda name: demo))
+    with pytest.raises(HarnessConfigError, match="names accuracy reference .*none.json, which does not exist"):
+        RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
+    RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")  # performance runs need no reference
