@@ -1,1 +1,2 @@
-"""LoadGen harnesses (Offline, Server, Interactive, SingleStream), datasets and QSL, run CLI. Not built yet."""
+"""LoadGen harnesses (Offline, Server, Interactive), datasets and QSL, and the run CLI
+(`python -m harness run`)."""

@@ -67,7 +67,6 @@ class EngineSUT:
         self.params = params
         self.stream_first_token = stream_first_token
         self.errors: list[str] = []
-        self.completed = 0
         self._lock = threading.Lock()
         self.loop = EngineLoop(engine, self._on_finish)
         self.handle = lg.ConstructSUT(self.issue_queries, self.flush_queries)
@@ -97,8 +96,6 @@ class EngineSUT:
         if out.error is not None:
             self._record_error(f"request {out.request_id}: {out.error}")
         _complete(out.request_id, out.token_ids)
-        with self._lock:
-            self.completed += 1
         if self.on_complete is not None:
             self.on_complete(out)
 

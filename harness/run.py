@@ -54,7 +54,6 @@ def run(cfg: RunConfig) -> str:
         bar.close()
     for error in sut.errors:
         print(f"error: {error}")
-    detail = read_detail_log(cfg.log_dir)
     if cfg.mode == "accuracy":
         from transformers import AutoTokenizer
 
@@ -69,6 +68,7 @@ def run(cfg: RunConfig) -> str:
         verdict = "PASS" if not failures else "FAIL (" + "; ".join(failures) + ")"
         scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
         return f"{cfg.scenario} accuracy: {verdict}: {scores}; {len(sut.errors)} errors; logs in {cfg.log_dir}"
+    detail = read_detail_log(cfg.log_dir)
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
     tpot = detail.get("result_time_per_output_token_99.00_percentile_ns")

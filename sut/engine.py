@@ -143,10 +143,12 @@ class LLMEngine:
         finished: list[Sequence] = []
         with self._lock:
             inbox, self._inbox = self._inbox, []
-        for seq in [item for kind, item in inbox if kind == "add"] + list(self.scheduler.running) + list(self.scheduler.waiting):
-            if not seq.is_finished:
-                seq.error = error
-                self._finish(seq, "error", finished)
+        for kind, item in inbox:  # queued requests join the scheduler's waiting list, then fail with it
+            if kind == "add":
+                self.scheduler.add(item)
+        for seq in self.scheduler.running + list(self.scheduler.waiting):
+            seq.error = error
+            self._finish(seq, "error", finished)
         return [self._output(seq) for seq in finished]
 
     def _append_token(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
