@@ -27,6 +27,7 @@ class Benchmark:
 
 BENCHMARKS = {
     "llama3.1-8b": Benchmark("llama3.1-8b", "llama3_1-8b", 128),
+    "llama2-70b-99.9": Benchmark("llama2-70b-99.9", "llama2-70b", 1024),
 }
 SCENARIOS = {
     "Offline": lg.TestScenario.Offline,

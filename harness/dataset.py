@@ -1,7 +1,8 @@
 """Benchmark datasets in the form the reference implementations read: `cnn_eval.json` for
 llama3.1-8b (a JSON list of records with `tok_input`, the prompt's token ids, and `output`, the
 reference summary; `input` holds the prompt text). The CPU demo's XSum stand-in is written in the
-same form. Every problem names the file, the sample and the field."""
+same form, and so is llama2-70b's OpenOrca set, converted once from its pickle by harness.openorca.
+Every problem names the file, the sample and the field."""
 
 import json
 from dataclasses import dataclass
