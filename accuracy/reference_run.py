@@ -47,7 +47,8 @@ def main() -> None:
     predictions = tokenizer.batch_decode(outputs, skip_special_tokens=True)
     result = summarization_accuracy(predictions, data.references, [len(o) for o in outputs])
     record = {"model": Path(args.model).name, "dataset": args.dataset.name, "samples": len(data),
-              "implementation": "transformers generate, fp32, greedy, batch 16 left-padded", "scores": result}
+              "implementation": "transformers generate, fp32, greedy, batch 16 left-padded", "scores": result,
+              "eos_token_ids": [eos]}
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"reference_run: {result} in {time.time() - start:.0f} s -> {args.out}")
 

@@ -1,9 +1,10 @@
-"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy`"""
+"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06`"""
 
 import argparse
 import sys
+from pathlib import Path
 
-from harness.config import BENCHMARKS, MODES, SCENARIOS, HarnessConfigError, RunConfig
+from harness.config import BENCHMARKS, MODES, REPO, SCENARIOS, HarnessConfigError, RunConfig
 from harness.dataset import DatasetError
 
 
@@ -15,11 +16,13 @@ def main() -> None:
     run_parser.add_argument("--benchmark", default="llama3.1-8b", help=f"one of {sorted(BENCHMARKS)}")
     run_parser.add_argument("--scenario", default="Offline", help=f"one of {sorted(SCENARIOS)}")
     run_parser.add_argument("--mode", default="performance", help=f"one of {sorted(MODES)}")
+    run_parser.add_argument("--root", type=Path, default=REPO,
+                            help="the folder holding systems/ and measurements/; logs go to its build/logs/")
     args = parser.parse_args()
     from harness.run import run
 
     try:
-        print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode)))
+        print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root)))
     except (HarnessConfigError, DatasetError) as e:
         sys.exit(f"harness: {e}")
 

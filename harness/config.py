@@ -35,7 +35,9 @@ SCENARIOS = {
     "Interactive": lg.TestScenario.Server,  # LoadGen's Server with the "-interactive" model's limits
     "SingleStream": lg.TestScenario.SingleStream,
 }
-MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly}
+# TEST06 is a performance run under the audit settings of compliance/TEST06.audit.config.
+MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly,
+         "TEST06": lg.TestMode.PerformanceOnly}
 
 # user.conf keys LoadGen reads (test_settings_internal.cc); seeds come only from mlperf.conf.
 USER_CONF_KEYS = {
@@ -83,21 +85,31 @@ class System:
     datasets: dict[str, Path]  # benchmark -> dataset file
     engine: dict  # LLM engine settings
     accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
+    scenarios: list[str]  # what `make submission` runs for each benchmark
+    model_name: str | None  # open division: the substituted model, named in the tree and mapped to the benchmark
+    demo: bool  # shortened runs: the checker warns about run length and dataset size instead of failing
 
     @staticmethod
-    def load(name: str) -> "System":
-        path = REPO / "systems" / f"{name}.json"
+    def load(name: str, root: Path = REPO) -> "System":
+        """`root/systems/<name>.json`; `root` is the repository except in tests."""
+        path = root / "systems" / f"{name}.json"
         if not path.is_file():
-            known = sorted(p.stem for p in (REPO / "systems").glob("*.json"))
+            known = sorted(p.stem for p in (root / "systems").glob("*.json"))
             raise HarnessConfigError(f"unknown system {name!r}: no {path}; known systems: {known}")
         try:
             raw = json.loads(path.read_text())
             harness = raw["saaf_harness"]
             reference = harness.get("accuracy_reference")
-            return System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
-                          dict(harness.get("engine", {})), REPO / reference if reference else None)
+            system = System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
+                            dict(harness.get("engine", {})), root / reference if reference else None,
+                            list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
+                            bool(harness.get("demo", False)))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise HarnessConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
+        unknown = [s for s in system.scenarios if s not in SCENARIOS]
+        if unknown:
+            raise HarnessConfigError(f"{path}: saaf_harness.scenarios has unknown {unknown}; known: {sorted(SCENARIOS)}")
+        return system
 
 
 def _expand(value: str) -> Path:
@@ -115,21 +127,21 @@ class RunConfig:
     log_dir: Path
 
     @staticmethod
-    def resolve(system: str, benchmark: str, scenario: str, mode: str) -> "RunConfig":
+    def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO) -> "RunConfig":
         if benchmark not in BENCHMARKS:
             raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
         if scenario not in SCENARIOS:
             raise HarnessConfigError(f"unknown scenario {scenario!r}; known: {sorted(SCENARIOS)}")
         if mode not in MODES:
             raise HarnessConfigError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
-        sys_config = System.load(system)
+        sys_config = System.load(system, root)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
         reference = sys_config.accuracy_reference
         if mode == "accuracy" and reference is not None and not reference.is_file():
             raise HarnessConfigError(f"system {system!r} names accuracy reference {reference}, which does not exist "
                                      "(record it with `python -m accuracy.reference_run`)")
-        user_conf = REPO / "measurements" / system / benchmark / scenario / "user.conf"
+        user_conf = root / "measurements" / system / benchmark / scenario / "user.conf"
         check_user_conf(user_conf)
-        log_dir = REPO / "build" / "logs" / system / benchmark / scenario / mode
+        log_dir = root / "build" / "logs" / system / benchmark / scenario / mode
         return RunConfig(sys_config, BENCHMARKS[benchmark], scenario, mode, user_conf, log_dir)

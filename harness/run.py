@@ -2,29 +2,30 @@
 build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict."""
 
 import json
-from pathlib import Path
 
 import mlperf_loadgen as lg
 from tqdm import tqdm
 
 from accuracy.report import check_targets, reference_targets, targets_for
+from compliance import test06
+from compliance.loadgen_logs import read_detail_log
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig, loadgen_model_name
 from harness.dataset import load_cnn_eval
 from harness.loadgen_sut import EngineSUT, construct_qsl
 
 
-def read_detail_log(log_dir: Path) -> dict:
-    values = {}
-    for line in (log_dir / "mlperf_log_detail.txt").read_text().splitlines():
-        if line.startswith(":::MLLOG"):
-            entry = json.loads(line[len(":::MLLOG"):])
-            values[entry["key"]] = entry["value"]
-    return values
+_runs_in_this_process = 0
 
 
 def run(cfg: RunConfig) -> str:
     """Run LoadGen; return the summary line. Everything that can be checked is checked before
-    LoadGen starts."""
+    LoadGen starts. One run per process: LoadGen loads its mlperf.conf only on a process's first
+    FromConfig, and a second run would silently lose those settings."""
+    global _runs_in_this_process
+    if _runs_in_this_process:
+        raise HarnessConfigError("one LoadGen run per process: LoadGen applies mlperf.conf only to the first "
+                                 "(start another `python -m harness run`)")
+    _runs_in_this_process += 1
     dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
     settings = lg.TestSettings()
     conf_scenario = "Server" if cfg.scenario == "Interactive" else cfg.scenario
@@ -46,8 +47,10 @@ def run(cfg: RunConfig) -> str:
                     on_complete=lambda out: bar.update(1))
     performance_count = min(len(dataset), settings.performance_sample_count_override or len(dataset))
     qsl = construct_qsl(len(dataset), performance_count)
+    # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
+    audit_config = str(test06.AUDIT_CONFIG if cfg.mode == "TEST06" else cfg.log_dir / "no-audit.config")
     try:
-        lg.StartTestWithLogSettings(sut.handle, qsl, settings, log_settings)
+        lg.StartTestWithLogSettings(sut.handle, qsl, settings, log_settings, audit_config)
     finally:
         sut.close()
         lg.DestroyQSL(qsl)
@@ -68,12 +71,12 @@ def run(cfg: RunConfig) -> str:
         verdict = "PASS" if not failures else "FAIL (" + "; ".join(failures) + ")"
         scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
         return f"{cfg.scenario} accuracy: {verdict}: {scores}; {len(sut.errors)} errors; logs in {cfg.log_dir}"
-    detail = read_detail_log(cfg.log_dir)
+    detail, _ = read_detail_log(cfg.log_dir / "mlperf_log_detail.txt")
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
     tpot = detail.get("result_time_per_output_token_99.00_percentile_ns")
     latency = ""
     if ttft is not None and tpot is not None and cfg.scenario != "Offline":
         latency = f", p99 TTFT {ttft / 1e6:.0f} ms, p99 TPOT {tpot / 1e6:.1f} ms"
-    return (f"{cfg.scenario} performance: {detail.get('result_validity', 'INVALID')}, {tokens_per_s:.1f} tokens/s"
+    return (f"{cfg.scenario} {cfg.mode}: {detail.get('result_validity', 'INVALID')}, {tokens_per_s:.1f} tokens/s"
             f"{latency}; {len(sut.errors)} errors; logs in {cfg.log_dir}")

@@ -55,7 +55,7 @@ def test_missing_accuracy_reference_is_caught_before_an_accuracy_run(monkeypatch
 
     demo = config.System.load("cpu-demo")
     demo.accuracy_reference = tmp_path / "none.json"
-    monkeypatch.setattr(config.System, "load", staticmethod(lambda name: demo))
+    monkeypatch.setattr(config.System, "load", staticmethod(lambda name, root: demo))
     with pytest.raises(HarnessConfigError, match="names accuracy reference .*none.json, which does not exist"):
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
     RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")  # performance runs need no reference

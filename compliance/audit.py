@@ -1,0 +1,48 @@
+"""The latency and validity audit of one performance run's `mlperf_log_detail.txt`.
+
+A run passes only if LoadGen says VALID, logged no error, and (Server and Interactive) its p99
+TTFT and TPOT are strictly below the limits of its own scenario, and LoadGen was given exactly
+those limits. The official checker applies the Server limits to an Interactive directory (its
+effective scenario is Server); this audit applies the Interactive ones (mlperf-rules.md section 5).
+"""
+
+from pathlib import Path
+
+from compliance.loadgen_logs import read_detail_log
+
+# LoadGen model name -> scenario -> (p99 TTFT, p99 TPOT) limits in ms (mlperf.conf, v6.1).
+LATENCY_LIMITS_MS = {
+    "llama3_1-8b": {"Server": (2000, 100), "Interactive": (500, 30)},
+    "llama2-70b": {"Server": (2000, 200), "Interactive": (450, 40)},
+    "deepseek-r1": {"Server": (2000, 80), "Interactive": (1500, 15)},
+    "gpt-oss-120b": {"Server": (3000, 80), "Interactive": (2000, 15)},
+}
+
+
+def audit_values(values: dict, errors: list[str], loadgen_model: str, scenario: str) -> list[str]:
+    """Failures of one run's detail-log values (see the module docstring); empty when it passes."""
+    failures = [f"LoadGen logged an error: {e}" for e in errors]
+    if values.get("result_validity") != "VALID":
+        failures.append(f"LoadGen result is {values.get('result_validity', 'missing')}, not VALID")
+    if not values.get("requested_use_token_latencies"):
+        failures.append("token latencies were not on (requested_use_token_latencies)")
+    if scenario in ("Server", "Interactive"):
+        ttft_limit, tpot_limit = LATENCY_LIMITS_MS[loadgen_model][scenario]
+        requested = (values.get("requested_server_ttft_latency"), values.get("requested_server_tpot_latency"))
+        if requested != (ttft_limit * 1_000_000, tpot_limit * 1_000_000):
+            got = "/".join("missing" if v is None else f"{v / 1e6:g}" for v in requested)
+            failures.append(f"LoadGen ran with TTFT/TPOT limits {got} ms, not the {scenario} limits "
+                            f"{ttft_limit}/{tpot_limit} ms")
+        for name, key, limit in (("TTFT", "result_first_token_99.00_percentile_latency_ns", ttft_limit),
+                                 ("TPOT", "result_time_per_output_token_99.00_percentile_ns", tpot_limit)):
+            value = values.get(key)
+            if value is None:
+                failures.append(f"p99 {name} missing ({key})")
+            elif not value < limit * 1_000_000:
+                failures.append(f"p99 {name} {value / 1e6:.1f} ms is not below the {scenario} limit of {limit} ms")
+    return failures
+
+
+def audit_run(detail_log: Path, loadgen_model: str, scenario: str) -> list[str]:
+    values, errors = read_detail_log(detail_log)
+    return audit_values(values, errors, loadgen_model, scenario)

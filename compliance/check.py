@@ -1,0 +1,293 @@
+"""Our submission checker: the official v6.1 checks that apply to the LLM benchmarks (structure,
+required scenarios, system fields, seeds, minimum duration and sample counts, LoadGen errors,
+accuracy patterns and targets, TTFT/TPOT limits, TEST06), plus the latency and validity audit
+(compliance/audit.py). Every failure names the file and the rule.
+
+    python -m compliance.check TREE [--demo]
+
+TREE holds `closed/` and/or `open/`, as the official checker's `--input`. `--demo` turns only the
+rules that the CPU demo knowingly shortens (minimum duration, sample and dataset counts) into
+warnings. Exit status 0 only when the tree passes.
+"""
+
+import argparse
+import json
+import re
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from accuracy.report import TARGETS, reference_targets
+from compliance import test06
+from compliance.audit import audit_values
+from compliance.loadgen_logs import read_detail_log
+
+SEEDS_V61 = {"effective_qsl_rng_seed": 2085463073848966840,
+             "effective_sample_index_rng_seed": 2747215439041700203,
+             "effective_schedule_rng_seed": 16159082839903944936}
+MIN_DURATION_MS = 600_000
+
+
+@dataclass(frozen=True)
+class BenchmarkRules:
+    loadgen_model: str
+    dataset_size: int
+    eos_token_ids: frozenset  # of the benchmark's own model, for TEST06's EOS check
+    test06: bool = True
+
+
+BENCHMARK_RULES = {
+    "llama3.1-8b": BenchmarkRules("llama3_1-8b", 13368, frozenset({128001, 128008, 128009})),
+    "llama2-70b-99.9": BenchmarkRules("llama2-70b", 24576, frozenset({2})),
+}
+DATACENTER_SCENARIOS = ({"Offline"}, {"Server", "Interactive"})  # Offline, plus at least one of the others
+SCENARIO_DIRS = {"Offline", "Server", "Interactive", "SingleStream", "MultiStream"}
+# Accuracy-pattern regexes as the official checker matches accuracy.txt (mlperf-rules.md section 3).
+ACCURACY_PATTERNS = {
+    "rouge1": r"'rouge1':\s+'?([\d.]+)", "rouge2": r"'rouge2':\s+'?([\d.]+)", "rougeL": r"'rougeL':\s+'?([\d.]+)",
+    "rougeLsum": r"'rougeLsum':\s+'?([\d.]+)", "gen_len": r"'gen_len':\s([\d.]+)",
+    "tokens_per_sample": r"'tokens_per_sample':\s([\d.]+)", "exact_match": r"'exact_match':\s([\d.]+)",
+}
+MAX_ACCURACY_LOG_BYTES = 10 * 1024
+SYSTEM_REQUIRED_FIELDS = [
+    "division", "submitter", "status", "system_name", "number_of_nodes", "host_processor_model_name",
+    "host_processors_per_node", "host_processor_core_count", "host_memory_capacity", "host_storage_capacity",
+    "host_storage_type", "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
+    "framework", "operating_system", "system_type", "other_software_stack", "host_processor_frequency",
+    "host_processor_caches", "host_memory_configuration", "host_processor_interconnect", "host_networking",
+    "host_networking_topology", "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
+    "accelerator_interconnect_topology", "accelerator_memory_configuration", "accelerator_on-chip_memories",
+    "cooling", "hw_notes", "sw_notes", "host_network_card_count", "system_type_detail",
+]
+SYSTEM_NONEMPTY_FIELDS = [
+    "division", "submitter", "system_type", "status", "system_name", "number_of_nodes", "host_processor_model_name",
+    "host_processors_per_node", "host_processor_core_count", "host_memory_capacity", "host_memory_configuration",
+    "host_storage_capacity", "host_storage_type", "host_networking", "host_network_card_count",
+    "host_networking_topology", "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
+    "accelerator_host_interconnect", "accelerator_memory_configuration", "accelerator_interconnect", "cooling",
+    "framework", "operating_system", "other_software_stack",
+]
+MEASUREMENTS_FIELDS = ["input_data_types", "retraining", "starting_weights_filename", "weight_data_types",
+                       "weight_transformations"]
+SCENARIO_FILES = ["measurements.json", "README.md", "user.conf", "performance/run_1/mlperf_log_summary.txt",
+                  "performance/run_1/mlperf_log_detail.txt", "accuracy/accuracy.txt",
+                  "accuracy/mlperf_log_accuracy.json", "accuracy/mlperf_log_summary.txt",
+                  "accuracy/mlperf_log_detail.txt"]
+TEST06_FILES = ["TEST06/verify_accuracy.txt", "TEST06/accuracy/mlperf_log_accuracy.json"]
+TEST06_PASS_LINES = {"First token check pass": ("True", "Skipped"), "EOS check pass": ("True",),
+                     "Sample length check pass": ("True",)}
+
+
+@dataclass
+class Report:
+    demo: bool
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def fail(self, path: Path, rule: str, message: str, demo_shortened: bool = False) -> None:
+        line = f"{path}: [{rule}] {message}"
+        (self.warnings if demo_shortened and self.demo else self.errors).append(line)
+
+
+def _read_json(path: Path, report: Report, rule: str):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        report.fail(path, rule, f"cannot read JSON ({e})")
+        return None
+
+
+def check_system(path: Path, division: str, submitter: str, report: Report) -> None:
+    desc = _read_json(path, report, "system")
+    if desc is None:
+        return
+    for key in SYSTEM_REQUIRED_FIELDS:
+        if key not in desc:
+            report.fail(path, "system", f"required field {key!r} is missing")
+    for key in SYSTEM_NONEMPTY_FIELDS:
+        if key in desc and str(desc[key]).strip() == "":
+            report.fail(path, "system", f"required field {key!r} is empty")
+    if str(desc.get("status", "")).lower() not in ("available", "preview", "rdi"):
+        report.fail(path, "system", f"status {desc.get('status')!r} is not available, preview or rdi")
+    if desc.get("system_type") not in ("datacenter", "edge", "datacenter,edge", "edge,datacenter"):
+        report.fail(path, "system", f"system_type {desc.get('system_type')!r} is not datacenter or edge")
+    if desc.get("division") != division:
+        report.fail(path, "system", f"division {desc.get('division')!r} contradicts the path's division {division!r}")
+    if desc.get("submitter") != submitter:
+        report.fail(path, "system", f"submitter {desc.get('submitter')!r} contradicts the path's {submitter!r}")
+    if division == "closed" and desc.get("is_network"):
+        report.fail(path, "system", "is_network must be false in the closed division")
+
+
+def check_performance(scenario_dir: Path, rules: BenchmarkRules, scenario: str, report: Report) -> None:
+    log = scenario_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
+    values, errors = read_detail_log(log)
+    _check_common_log(log, values, rules, scenario, report)
+    if values.get("effective_min_duration_ms", 0) < MIN_DURATION_MS:
+        report.fail(log, "min-duration", f"effective_min_duration_ms {values.get('effective_min_duration_ms')} is "
+                    f"below {MIN_DURATION_MS}", demo_shortened=True)
+    if scenario == "Offline" and values.get("effective_samples_per_query", 0) < rules.dataset_size:
+        report.fail(log, "sample-count", f"effective_samples_per_query {values.get('effective_samples_per_query')} "
+                    f"is below the dataset size {rules.dataset_size}", demo_shortened=True)
+    if scenario in ("Server", "Interactive"):
+        if not values.get("early_stopping_met"):
+            report.fail(log, "early-stopping", "early_stopping_met is false")
+        if values.get("effective_target_latency_ns", 0) > 20_000_000_000:
+            report.fail(log, "target-latency", "effective_target_latency_ns is above 20 s")
+    for failure in audit_values(values, errors, rules.loadgen_model, scenario):
+        report.fail(log, "latency-validity-audit", failure)
+
+
+def _check_common_log(log: Path, values: dict, rules: BenchmarkRules, scenario: str, report: Report) -> None:
+    for key, seed in SEEDS_V61.items():
+        if values.get(key) != seed:
+            report.fail(log, "seeds", f"{key} is {values.get(key)}, not the v6.1 seed {seed}")
+    expected = "Server" if scenario == "Interactive" else scenario
+    if values.get("effective_scenario") != expected:
+        report.fail(log, "scenario", f"effective_scenario {values.get('effective_scenario')!r} is not {expected!r}")
+    if values.get("effective_performance_sample_count", 0) < rules.dataset_size:
+        report.fail(log, "sample-count", f"effective_performance_sample_count "
+                    f"{values.get('effective_performance_sample_count')} is below the dataset size "
+                    f"{rules.dataset_size}", demo_shortened=True)
+
+
+def check_accuracy(scenario_dir: Path, rules: BenchmarkRules, scenario: str, targets: dict,
+                   report: Report) -> None:
+    acc_dir = scenario_dir / "accuracy"
+    log = acc_dir / "mlperf_log_detail.txt"
+    values, errors = read_detail_log(log)
+    _check_common_log(log, values, rules, scenario, report)
+    for error in errors:
+        report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
+    if values.get("qsl_reported_total_count") != rules.dataset_size:
+        report.fail(log, "dataset-size", f"qsl_reported_total_count {values.get('qsl_reported_total_count')} is "
+                    f"not the dataset size {rules.dataset_size}", demo_shortened=True)
+    size = (acc_dir / "mlperf_log_accuracy.json").stat().st_size
+    if size > MAX_ACCURACY_LOG_BYTES:
+        report.fail(acc_dir / "mlperf_log_accuracy.json", "accuracy-log-size",
+                    f"{size} bytes; truncate it to at most {MAX_ACCURACY_LOG_BYTES}")
+    text_path = acc_dir / "accuracy.txt"
+    text = text_path.read_text()
+    if "np.float" in text or "np.int" in text:
+        report.fail(text_path, "accuracy-pattern", "numbers print as numpy reprs (np.float64(...)); the checker's "
+                    "regexes cannot read them")
+    if not re.search(r"^hash=[\w\d]+$", text, re.MULTILINE):
+        report.fail(text_path, "accuracy-hash", "no hash= line")
+    for metric, (low, high) in targets.items():
+        match = next((m for m in (re.match(ACCURACY_PATTERNS[metric], line) for line in text.splitlines()) if m),
+                     None) or re.search(ACCURACY_PATTERNS[metric], text)
+        if match is None:
+            report.fail(text_path, "accuracy-pattern", f"{metric} not found")
+            continue
+        value = float(match.group(1))
+        if value < low or (high is not None and value > high):
+            bound = f">= {low:.4f}" if high is None else f"in [{low:.4f}, {high:.4f}]"
+            report.fail(text_path, "accuracy-target", f"{metric} = {value} is not {bound}")
+
+
+def check_test06(scenario_dir: Path, rules: BenchmarkRules, scenario: str, report: Report) -> None:
+    verify_path = scenario_dir / "TEST06" / "verify_accuracy.txt"
+    lines = dict(line.split(": ", 1) for line in verify_path.read_text().splitlines() if ": " in line)
+    for key, passing in TEST06_PASS_LINES.items():
+        if lines.get(key) not in passing:
+            report.fail(verify_path, "TEST06", f"{key!r} is {lines.get(key)!r}")
+    if scenario != "Offline" and lines.get("First token check pass") == "Skipped":
+        report.fail(verify_path, "TEST06", f"the first-token check was skipped in {scenario}")
+    # Verify the logged responses again rather than trust the text.
+    _, failures = test06.verify(scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json", scenario,
+                                set(rules.eos_token_ids))
+    for failure in failures:
+        report.fail(scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json", "TEST06", failure)
+
+
+def check_scenario(scenario_dir: Path, rules: BenchmarkRules, targets: dict, report: Report) -> None:
+    scenario = scenario_dir.name
+    required = SCENARIO_FILES + (TEST06_FILES if rules.test06 else [])
+    missing = [name for name in required if not (scenario_dir / name).is_file()]
+    for name in missing:
+        report.fail(scenario_dir / name, "required-file", "missing")
+    for name in ("README.md", "user.conf"):
+        if name not in missing and (scenario_dir / name).stat().st_size == 0:
+            report.fail(scenario_dir / name, "required-file", "empty")
+    if "measurements.json" not in missing:
+        measurements = _read_json(scenario_dir / "measurements.json", report, "measurements")
+        for key in MEASUREMENTS_FIELDS:
+            if measurements is not None and not measurements.get(key):
+                report.fail(scenario_dir / "measurements.json", "measurements", f"field {key!r} missing or empty")
+    if not any(name.startswith("performance/") for name in missing):
+        check_performance(scenario_dir, rules, scenario, report)
+    if not any(name.startswith("accuracy/") for name in missing):
+        check_accuracy(scenario_dir, rules, scenario, targets, report)
+    if rules.test06 and not any(name.startswith("TEST06/") for name in missing):
+        check_test06(scenario_dir, rules, scenario, report)
+
+
+def check_submitter(org: Path, division: str, report: Report) -> int:
+    """Check one `<division>/<submitter>` folder; return how many scenario results it holds."""
+    if not (org / "src").is_dir():
+        report.fail(org / "src", "structure", "the src/ folder with the code that drives LoadGen is missing")
+    mapping = {}
+    if division == "open" and (org / "model_mapping.json").is_file():
+        mapping = _read_json(org / "model_mapping.json", report, "model-mapping") or {}
+    results = 0
+    for system_dir in sorted(p for p in (org / "results").glob("*") if p.is_dir()):
+        system_json = org / "systems" / f"{system_dir.name}.json"
+        if not system_json.is_file():
+            report.fail(system_json, "system", "missing system description for the results folder")
+        else:
+            check_system(system_json, division, org.name, report)
+        for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
+            benchmark = mapping.get(bench_dir.name, bench_dir.name)
+            if benchmark not in BENCHMARK_RULES:
+                report.fail(bench_dir, "benchmark", f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARK_RULES)}"
+                            + ("; an open-division model needs model_mapping.json" if division == "open" else ""))
+                continue
+            scenarios = {p.name for p in bench_dir.iterdir() if p.is_dir()}
+            for unknown in sorted(scenarios - SCENARIO_DIRS):
+                report.fail(bench_dir / unknown, "structure", "not a scenario folder")
+            offline, latency_bound = DATACENTER_SCENARIOS
+            if not (offline <= scenarios and latency_bound & scenarios):
+                report.fail(bench_dir, "required-scenarios", f"has {sorted(scenarios)}; {benchmark} needs Offline and "
+                            "at least one of Server or Interactive")
+            rules, targets = BENCHMARK_RULES[benchmark], TARGETS[benchmark]
+            reference_path = org / "documentation" / f"{bench_dir.name}_reference_accuracy.json"
+            if division == "open" and reference_path.is_file():
+                # A substituted model: 99% of its own reference scores, and its own EOS tokens.
+                reference = _read_json(reference_path, report, "model-mapping") or {"scores": {}}
+                targets = reference_targets(reference["scores"])
+                rules = replace(rules, eos_token_ids=frozenset(reference.get("eos_token_ids", rules.eos_token_ids)))
+            for scenario in sorted(scenarios & SCENARIO_DIRS):
+                check_scenario(bench_dir / scenario, rules, targets, report)
+                results += 1
+    return results
+
+
+def check_tree(root: Path, demo: bool = False) -> Report:
+    report = Report(demo)
+    orgs = [(division, org) for division in ("closed", "open") for org in sorted((root / division).glob("*"))
+            if org.is_dir()]
+    if not orgs:
+        report.fail(root, "structure", "no closed/<submitter> or open/<submitter> folder")
+    results = sum(check_submitter(org, division, report) for division, org in orgs)
+    if orgs and not results:
+        report.fail(root, "structure", "no results/<system>/<benchmark>/<Scenario> folders")
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("tree", type=Path, help="the submission root holding closed/ and/or open/")
+    parser.add_argument("--demo", action="store_true", help="the demo's shortened runs warn instead of fail")
+    args = parser.parse_args()
+    report = check_tree(args.tree, args.demo)
+    for line in report.warnings:
+        print(f"WARNING {line}")
+    for line in report.errors:
+        print(f"ERROR {line}")
+    verdict = "passes" if not report.errors else f"has {len(report.errors)} errors"
+    print(f"check: {args.tree} {verdict} ({len(report.warnings)} warnings{', demo rules' if args.demo else ''})")
+    sys.exit(0 if not report.errors else 1)
+
+
+if __name__ == "__main__":
+    main()

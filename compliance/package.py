@@ -1,0 +1,137 @@
+"""Package a system's LoadGen runs (build/logs/<system>/<benchmark>/<Scenario>/<mode>/) into an
+MLPerf v6.1 submission tree (mlperf-rules.md section 5):
+
+    <root>/<division>/<submitter>/
+      systems/<system>.json                 the system description, without our harness settings
+      src/                                  the code that drives LoadGen (this repository's packages)
+      documentation/README.md               (+ <model>_reference_accuracy.json for a substituted model)
+      model_mapping.json                    open division with a substituted model: its name -> benchmark
+      results/<system>/<benchmark or model>/<Scenario>/
+        measurements.json, README.md, user.conf
+        performance/run_1/mlperf_log_{summary,detail}.txt
+        accuracy/accuracy.txt (+ hash= line), mlperf_log_accuracy.json (cut as the official
+                 truncation step cuts it), mlperf_log_{summary,detail}.txt
+        TEST06/verify_accuracy.txt, TEST06/accuracy/mlperf_log_accuracy.json
+
+    python -m compliance.package --system cpu-demo --out build/submission
+"""
+
+import argparse
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from compliance import test06
+from harness.config import REPO, System
+
+# The official truncation step keeps the first and last 4 KiB of a results accuracy log.
+VIEWABLE_BYTES = 4096
+SRC_ITEMS = ("sut", "kernels", "harness", "accuracy", "compliance", "systems", "measurements", "Makefile",
+             "pyproject.toml", "requirements.txt", "requirements-models.txt", "README.md")
+BENCHMARKS_WITH_TEST06 = {"llama3.1-8b", "llama2-70b-99.9", "deepseek-r1"}
+
+
+class PackagingError(RuntimeError):
+    pass
+
+
+def eos_token_ids(model_dir: Path) -> set[int]:
+    config = json.loads((model_dir / "config.json").read_text())
+    eos = config.get("eos_token_id")
+    return set(eos) if isinstance(eos, list) else {eos}
+
+
+def truncate_accuracy_log(src: Path, dst: Path) -> str:
+    """Copy `src` to `dst` cut to its first and last 4 KiB; return the SHA-256 of the full file."""
+    data = src.read_bytes()
+    if len(data) >= VIEWABLE_BYTES:
+        data = data[:VIEWABLE_BYTES] + b"\n\n...\n\n" + data[-VIEWABLE_BYTES:]
+    dst.write_bytes(data)
+    return hashlib.sha256(src.read_bytes()).hexdigest()
+
+
+def _copy(src: Path, dst: Path) -> None:
+    if not src.is_file():
+        raise PackagingError(f"{src} is missing: run `python -m harness run` for it first")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(src, dst)
+
+
+def package_scenario(system: System, benchmark: str, scenario: str, settings: Path, logs: Path,
+                     out: Path) -> list[str]:
+    """Fill `out` (results/<system>/<dir>/<Scenario>) from the scenario's measurements folder and
+    run logs; return the TEST06 failures."""
+    for name in ("measurements.json", "README.md", "user.conf"):
+        _copy(settings / name, out / name)
+    for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
+        _copy(logs / "performance" / name, out / "performance" / "run_1" / name)
+        _copy(logs / "accuracy" / name, out / "accuracy" / name)
+    _copy(logs / "accuracy" / "accuracy.txt", out / "accuracy" / "accuracy.txt")
+    if not (logs / "accuracy" / "mlperf_log_accuracy.json").is_file():
+        raise PackagingError(f"{logs / 'accuracy'} has no mlperf_log_accuracy.json")
+    digest = truncate_accuracy_log(logs / "accuracy" / "mlperf_log_accuracy.json",
+                                   out / "accuracy" / "mlperf_log_accuracy.json")
+    with open(out / "accuracy" / "accuracy.txt", "a") as f:
+        f.write(f"\nhash={digest}\n")
+    if benchmark not in BENCHMARKS_WITH_TEST06:
+        return []
+    if not (logs / "TEST06" / "mlperf_log_accuracy.json").is_file():
+        raise PackagingError(f"{logs / 'TEST06'} has no mlperf_log_accuracy.json: run the TEST06 mode first")
+    return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model))
+
+
+def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
+            root: Path = REPO) -> tuple[Path, list[str]]:
+    """Build the tree under `out` from `root`'s systems/, measurements/ and build/logs/ (`root` is
+    the repository except in tests); return (the submitter folder, TEST06 failures)."""
+    system = System.load(system_name, root)
+    description = json.loads((root / "systems" / f"{system_name}.json").read_text())
+    description.pop("saaf_harness")  # our harness settings, not part of the MLPerf description
+    org = Path(out) / description["division"] / description["submitter"]
+    if org.exists():
+        shutil.rmtree(org)
+    (org / "systems").mkdir(parents=True)
+    (org / "systems" / f"{system.name}.json").write_text(json.dumps(description, indent=2) + "\n")
+    for item in SRC_ITEMS:
+        src = REPO / item
+        if src.is_dir():
+            shutil.copytree(src, org / "src" / item, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, org / "src" / item)
+    (org / "documentation").mkdir()
+    (org / "documentation" / "README.md").write_text(
+        "Reproduce with the code in src/: `make submission SYSTEM=" + system.name + "` (see src/README.md).\n")
+    failures = []
+    for benchmark in benchmarks or sorted(system.datasets):
+        name = system.model_name or benchmark
+        if system.model_name:
+            (org / "model_mapping.json").write_text(json.dumps({name: benchmark}, indent=2) + "\n")
+        if system.accuracy_reference:
+            shutil.copy2(system.accuracy_reference, org / "documentation" / f"{name}_reference_accuracy.json")
+        for scenario in system.scenarios:
+            settings = root / "measurements" / system.name / benchmark / scenario
+            logs = root / "build" / "logs" / system.name / benchmark / scenario
+            results = org / "results" / system.name / name / scenario
+            failures += [f"{results}: TEST06: {f}"
+                         for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
+    return org, failures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", default="cpu-demo")
+    parser.add_argument("--benchmarks", nargs="*")
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
+    args = parser.parse_args()
+    try:
+        org, failures = package(args.system, args.out, args.benchmarks)
+    except PackagingError as e:
+        raise SystemExit(f"package: {e}")
+    for failure in failures:
+        print(failure)
+    print(f"package: {org}")
+
+
+if __name__ == "__main__":
+    main()

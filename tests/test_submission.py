@@ -1,0 +1,204 @@
+"""The submission chain on a tiny model, through the same functions `python -m harness run` and
+`make submission` call: Offline and Server performance, accuracy and TEST06 runs (Server with 480
+queries, enough for early stopping), the packaged tree, and our checker: the good tree passes, and
+each planted defect is caught with a message naming it."""
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
+from compliance.loadgen_logs import MLLOG_MARKER
+from compliance.package import package
+from harness.config import REPO
+from sut import LLM, SamplingParams
+from tests.conftest import SMOLLM2_DIR, random_prompts
+
+NUM_SAMPLES = 24
+USER_CONF = """\
+llama3_1-8b.Offline.target_qps = 10
+llama3_1-8b.Offline.min_duration = 0
+llama3_1-8b.Offline.min_query_count = 24
+llama3_1-8b.Offline.performance_sample_count_override = 24
+llama3_1-8b.Server.target_qps = 100
+llama3_1-8b.Server.min_duration = 1000
+llama3_1-8b.Server.min_query_count = 480
+llama3_1-8b.Server.performance_sample_count_override = 24
+"""
+MEASUREMENTS = {"input_data_types": "int32", "retraining": "No", "starting_weights_filename": "random",
+                "weight_data_types": "fp32", "weight_transformations": "none"}
+
+
+def write_system(root, model_dir, dataset, reference):
+    system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
+    system.update(division="open", submitter="TestOrg", status="rdi", system_type="datacenter",
+                  saaf_harness={"model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)},
+                                "accuracy_reference": str(reference), "engine": {"num_kv_blocks": 2048},
+                                "scenarios": ["Offline", "Server"], "model_name": "tiny-llama", "demo": True})
+    (root / "systems").mkdir()
+    (root / "systems" / "tiny.json").write_text(json.dumps(system))
+    for scenario in ("Offline", "Server"):
+        folder = root / "measurements" / "tiny" / "llama3.1-8b" / scenario
+        folder.mkdir(parents=True)
+        (folder / "user.conf").write_text(USER_CONF)
+        (folder / "measurements.json").write_text(json.dumps(MEASUREMENTS))
+        (folder / "README.md").write_text(f"tiny {scenario}\n")
+
+
+@pytest.fixture(scope="module")
+def chain(tiny_llama, tmp_path_factory):
+    """Every run of the demo chain for a tiny system; returns (repo-like root, the packaged tree)."""
+    root = tmp_path_factory.mktemp("repo")
+    model_dir = root / "tiny-llama"
+    shutil.copytree(tiny_llama[0], model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(SMOLLM2_DIR / name, model_dir / name)
+    prompts = random_prompts([5 + (i * 7) % 40 for i in range(NUM_SAMPLES)], seed=5)
+    # References equal to the model's own greedy outputs, so ROUGE is high (not 100: a sample of
+    # only special tokens decodes to nothing) and a planted low score shows.
+    llm = LLM(model_dir, num_kv_blocks=2048)
+    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=2))]
+    dataset = root / "data.json"
+    dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
+    reference = root / "reference.json"
+    reference.write_text(json.dumps({"scores": {"rouge1": 80.0, "rouge2": 80.0, "rougeL": 80.0, "rougeLsum": 80.0,
+                                                "gen_len": sum(map(len, references))}, "eos_token_ids": [2]}))
+    write_system(root, model_dir, dataset, reference)
+    verdicts = {}
+    for scenario in ("Offline", "Server"):
+        for mode in ("performance", "accuracy", "TEST06"):
+            # One process per run, as LoadGen requires (see harness/run.py).
+            done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", scenario,
+                                   "--mode", mode, "--root", str(root)], capture_output=True, text=True, cwd=REPO)
+            assert done.returncode == 0, done.stderr[-2000:]
+            verdicts[scenario, mode] = done.stdout.strip().splitlines()[-1]
+    tree = root / "submission"
+    _, test06_failures = package("tiny", tree, root=root)
+    assert not test06_failures
+    return root, tree, verdicts
+
+
+def test_cli_runs_are_valid_and_accurate(chain):
+    root, _, verdicts = chain
+    for scenario in ("Offline", "Server"):
+        assert verdicts[scenario, "performance"].startswith(f"{scenario} performance: VALID"), verdicts
+        assert verdicts[scenario, "accuracy"].startswith(f"{scenario} accuracy: PASS"), verdicts
+    detail = (root / "build/logs/tiny/llama3.1-8b/Server/performance/mlperf_log_detail.txt").read_text()
+    assert re.search(r'"key": "result_validity", "value": "VALID"', detail)
+    assert int(re.search(r'"key": "generated_query_count", "value": (\d+)', detail).group(1)) >= 460
+
+
+def test_good_tree_passes_the_checker(chain):
+    _, tree, _ = chain
+    report = check_tree(tree, demo=True)
+    assert report.errors == []
+    # Without --demo only the rules the demo knowingly shortens fail.
+    strict = check_tree(tree, demo=False)
+    assert strict.errors and all(re.search(r"\[(min-duration|sample-count|dataset-size)\]", e) for e in strict.errors)
+    assert len(strict.errors) == len(report.warnings)
+    org = tree / "open" / "TestOrg"
+    assert json.loads((org / "model_mapping.json").read_text()) == {"tiny-llama": "llama3.1-8b"}
+    scenario = org / "results" / "tiny" / "tiny-llama" / "Server"
+    assert (scenario / "TEST06" / "verify_accuracy.txt").read_text() == (
+        "First token check pass: True\nEOS check pass: True\nSample length check pass: True\n"
+        "TEST06 verification complete\n")
+    assert (scenario / "accuracy" / "mlperf_log_accuracy.json").stat().st_size <= 10240
+    assert re.search(r"^hash=[0-9a-f]{64}$", (scenario / "accuracy" / "accuracy.txt").read_text(), re.MULTILINE)
+    assert "saaf_harness" not in json.loads((org / "systems" / "tiny.json").read_text())
+
+
+def _set_detail_value(path, key, value):
+    lines = []
+    for line in path.read_text().splitlines():
+        if line.startswith(MLLOG_MARKER):
+            entry = json.loads(line[len(MLLOG_MARKER):])
+            if entry["key"] == key:
+                entry["value"] = value
+                line = MLLOG_MARKER + " " + json.dumps(entry)
+        lines.append(line)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _edit_test06_log(scenario_dir, edit):
+    path = scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json"
+    entries = json.loads(path.read_text())
+    edit(entries[0])
+    path.write_text(json.dumps(entries))
+
+
+def _int32_hex(ids):
+    return "".join(i.to_bytes(4, "little").hex().upper() for i in ids)
+
+
+def _wrong_first_token(entry):
+    entry["token_data"] = _int32_hex([int.from_bytes(bytes.fromhex(entry["token_data"]), "little") ^ 1])
+
+
+def _two_trailing_eos(entry):
+    entry["data"] += _int32_hex([2, 2])
+    entry["token_count"] += 2
+
+
+def _n_tokens_off_by_one(entry):
+    entry["token_count"] += 1
+
+
+def _edit_text(path, old, new):
+    text = path.read_text()
+    assert re.search(old, text), (old, text)
+    path.write_text(re.sub(old, new, text, count=1))
+
+
+def _edit_system(path, **fields):
+    system = json.loads(path.read_text())
+    system.update(fields)
+    path.write_text(json.dumps(system))
+
+
+S = "results/tiny/tiny-llama/Server"
+O = "results/tiny/tiny-llama/Offline"
+DEFECTS = {
+    "missing required file": (lambda org: (org / S / "user.conf").unlink(), r"Server/user.conf: \[required-file\] missing"),
+    "wrong seed": (lambda org: _set_detail_value(org / O / "performance/run_1/mlperf_log_detail.txt",
+                                                 "effective_qsl_rng_seed", 12345),
+                   r"\[seeds\] effective_qsl_rng_seed is 12345, not the v6.1 seed"),
+    "INVALID run": (lambda org: _set_detail_value(org / S / "performance/run_1/mlperf_log_detail.txt",
+                                                  "result_validity", "INVALID"),
+                    r"\[latency-validity-audit\] LoadGen result is INVALID, not VALID"),
+    "p99 TPOT above the limit": (lambda org: _set_detail_value(
+        org / S / "performance/run_1/mlperf_log_detail.txt", "result_time_per_output_token_99.00_percentile_ns",
+        150_000_000), r"p99 TPOT 150.0 ms is not below the Server limit of 100 ms"),
+    "Interactive measured against Server limits": (lambda org: (org / S).rename(org / S.replace("Server", "Interactive")),
+                                                   r"not the Interactive limits 500/30 ms"),
+    "first-token mismatch": (lambda org: _edit_test06_log(org / S, _wrong_first_token),
+                             r"\[TEST06\] qsl_idx \d+: first-token response .* is not the start of the response"),
+    "two trailing EOS": (lambda org: _edit_test06_log(org / S, _two_trailing_eos),
+                         r"\[TEST06\] qsl_idx \d+: the response ends in more than one EOS token"),
+    "n_tokens off by one": (lambda org: _edit_test06_log(org / O, _n_tokens_off_by_one),
+                            r"\[TEST06\] qsl_idx \d+: response has (\d+) tokens but n_tokens was (\d+)"),
+    "accuracy under target": (lambda org: _edit_text(org / O / "accuracy/accuracy.txt", r"'rouge1': [\d.]+",
+                                                     "'rouge1': 50.0"),
+                              r"\[accuracy-target\] rouge1 = 50.0 is not >= 79.2000"),
+    "np.float64 in accuracy.txt": (lambda org: _edit_text(org / O / "accuracy/accuracy.txt", r"'rouge2': ([\d.]+)",
+                                                          r"'rouge2': np.float64(\1)"),
+                                   r"accuracy.txt: \[accuracy-pattern\] numbers print as numpy reprs"),
+    "empty required system field": (lambda org: _edit_system(org / "systems/tiny.json", cooling=""),
+                                     r"tiny.json: \[system\] required field 'cooling' is empty"),
+    "division contradicted by the system file": (lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
+                                                 r"\[system\] division 'closed' contradicts the path's division 'open'"),
+}
+
+
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_each_planted_defect_is_caught_and_named(chain, tmp_path, defect):
+    _, tree, _ = chain
+    copy = tmp_path / "submission"
+    shutil.copytree(tree, copy)
+    plant, message = DEFECTS[defect]
+    plant(copy / "open" / "TestOrg")
+    errors = check_tree(copy, demo=True).errors
+    assert any(re.search(message, e) for e in errors), (defect, errors)
