@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export SAAF_CACHE ?= $(HOME)/.cache/saaf-infer
 MODEL_DIR := $(SAAF_CACHE)/models/smollm2-135m-instruct
-DEMO_DATA := $(SAAF_CACHE)/data/xsum_demo.json
+DEMO_DATA := $(SAAF_CACHE)/data/xsum-200x320.json
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: setup models data test bench run_harness submission gpu-check clean
@@ -44,11 +44,12 @@ run_harness: setup models data
 bench: setup models
 	$(PY) -m sut.bench --model $(MODEL_DIR) $(BENCH_ARGS)
 
-# Until the compliance audits and the packager land: the demo system's Offline performance and
-# accuracy runs through LoadGen (about 7 minutes on 2 cores).
+# Every run of the system's benchmarks and scenarios (performance, accuracy, TEST06), the tree
+# under build/submission/, and our checker over it. SYSTEM names systems/<SYSTEM>.json.
+SYSTEM ?= cpu-demo
+BENCHMARKS ?=
 submission: setup models data
-	$(PY) -m harness run --system cpu-demo --scenario Offline --mode performance
-	$(PY) -m harness run --system cpu-demo --scenario Offline --mode accuracy
+	$(PY) -m compliance.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
 gpu-check: setup
 	@echo "gpu-check: the Triton kernels land with their own issue; nothing to check yet."

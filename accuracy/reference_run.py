@@ -3,10 +3,11 @@ transformers implementation of the demo model (greedy, fp32, static batches of 1
 on the demo dataset, score it with the same ROUGE pipeline, and store the scores. The demo's
 targets are 99% of these (gen_len within 90-110%), as for llama3.1-8b.
 
-    python -m accuracy.reference_run --model MODEL_DIR --dataset xsum_demo.json --out accuracy/demo_reference.json
+    python -m accuracy.reference_run --model MODEL_DIR --dataset xsum-200x320.json --out accuracy/demo_reference.json
 """
 
 import argparse
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -46,7 +47,8 @@ def main() -> None:
             outputs.append(row[:row.index(eos) + 1] if eos in row else row)
     predictions = tokenizer.batch_decode(outputs, skip_special_tokens=True)
     result = summarization_accuracy(predictions, data.references, [len(o) for o in outputs])
-    record = {"model": Path(args.model).name, "dataset": args.dataset.name, "samples": len(data),
+    record = {"model": Path(args.model).name, "dataset": args.dataset.name,
+              "dataset_sha256": hashlib.sha256(args.dataset.read_bytes()).hexdigest(), "samples": len(data),
               "implementation": "transformers generate, fp32, greedy, batch 16 left-padded", "scores": result,
               "eos_token_ids": [eos]}
     args.out.write_text(json.dumps(record, indent=2) + "\n")

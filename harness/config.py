@@ -3,6 +3,7 @@ scenario, the system (model folder, dataset files, engine settings from systems/
 and the user.conf under measurements/<system>/<benchmark>/<Scenario>/, checked before LoadGen
 starts so a bad file fails with its line and key instead of being half-applied."""
 
+import hashlib
 import json
 import os
 import re
@@ -27,6 +28,7 @@ class Benchmark:
 
 BENCHMARKS = {
     "llama3.1-8b": Benchmark("llama3.1-8b", "llama3_1-8b", 128),
+    "llama3.1-8b-edge": Benchmark("llama3.1-8b-edge", "llama3_1-8b-edge", 128),  # SingleStream and Offline
     "llama2-70b-99.9": Benchmark("llama2-70b-99.9", "llama2-70b", 1024),
 }
 SCENARIOS = {
@@ -84,6 +86,7 @@ class System:
     model: Path
     datasets: dict[str, Path]  # benchmark -> dataset file
     engine: dict  # LLM engine settings
+    scenario_engine: dict[str, dict]  # per-scenario overrides of those (e.g. a smaller step budget for Server)
     accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
     scenarios: list[str]  # what `make submission` runs for each benchmark
     model_name: str | None  # open division: the substituted model, named in the tree and mapped to the benchmark
@@ -101,15 +104,31 @@ class System:
             harness = raw["saaf_harness"]
             reference = harness.get("accuracy_reference")
             system = System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
-                            dict(harness.get("engine", {})), root / reference if reference else None,
+                            dict(harness.get("engine", {})), dict(harness.get("scenario_engine", {})),
+                            root / reference if reference else None,
                             list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
                             bool(harness.get("demo", False)))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise HarnessConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
-        unknown = [s for s in system.scenarios if s not in SCENARIOS]
+        unknown = [s for s in [*system.scenarios, *system.scenario_engine] if s not in SCENARIOS]
         if unknown:
-            raise HarnessConfigError(f"{path}: saaf_harness.scenarios has unknown {unknown}; known: {sorted(SCENARIOS)}")
+            raise HarnessConfigError(f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
+                                     f"{unknown}; known: {sorted(SCENARIOS)}")
         return system
+
+    def engine_settings(self, scenario: str) -> dict:
+        return {**self.engine, **self.scenario_engine.get(scenario, {})}
+
+
+def _check_reference(reference: Path, dataset: Path, system: str) -> None:
+    """A recorded reference holds only for the dataset file it was recorded on."""
+    if not reference.is_file():
+        raise HarnessConfigError(f"system {system!r} names accuracy reference {reference}, which does not exist "
+                                 "(record it with `python -m accuracy.reference_run`)")
+    expected = json.loads(reference.read_text()).get("dataset_sha256")
+    if expected and dataset.is_file() and hashlib.sha256(dataset.read_bytes()).hexdigest() != expected:
+        raise HarnessConfigError(f"{dataset} is not the dataset accuracy reference {reference} was recorded on "
+                                 f"(SHA-256 {expected}); rebuild it (for the demo: `make data`)")
 
 
 def _expand(value: str) -> Path:
@@ -138,9 +157,8 @@ class RunConfig:
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
         reference = sys_config.accuracy_reference
-        if mode == "accuracy" and reference is not None and not reference.is_file():
-            raise HarnessConfigError(f"system {system!r} names accuracy reference {reference}, which does not exist "
-                                     "(record it with `python -m accuracy.reference_run`)")
+        if mode == "accuracy" and reference is not None:
+            _check_reference(reference, sys_config.datasets[benchmark], system)
         user_conf = root / "measurements" / system / benchmark / scenario / "user.conf"
         check_user_conf(user_conf)
         log_dir = root / "build" / "logs" / system / benchmark / scenario / mode

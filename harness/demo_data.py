@@ -2,7 +2,7 @@
 the BIG-bench sdist on PyPI, downloaded with pip but never installed (its requirements pull
 TensorFlow), checked by SHA-256, written in the cnn_eval.json form with SmolLM2's chat template.
 
-    python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum_demo.json
+    python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum-200x320.json
 """
 
 import argparse
@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, help="model folder with the tokenizer")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--num-samples", type=int, default=200)
-    parser.add_argument("--max-prompt-tokens", type=int, default=512)
+    parser.add_argument("--max-prompt-tokens", type=int, default=320)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 

@@ -35,7 +35,7 @@ def run(cfg: RunConfig) -> str:
 
     from sut import LLMEngine, SamplingParams
 
-    engine = LLMEngine(cfg.system.model, **cfg.system.engine)
+    engine = LLMEngine(cfg.system.model, **cfg.system.engine_settings(cfg.scenario))
     # At least 2 tokens: LoadGen logs an error for a 1-token response when token latencies are on.
     params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=2)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,6 @@
 """The run CLI's configuration fails with a clear error before LoadGen starts."""
 
+import json
 import subprocess
 import sys
 
@@ -46,7 +47,7 @@ def test_cli_reports_a_missing_dataset_before_loadgen(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "cpu-demo"], cwd=REPO,
                          capture_output=True, text=True, env={"SAAF_CACHE": str(tmp_path), "PATH": ""})
     assert out.returncode != 0
-    assert "xsum_demo.json: dataset file not found (for the demo, run `make data`)" in out.stderr
+    assert "xsum-200x320.json: dataset file not found (for the demo, run `make data`)" in out.stderr
     assert "mlperf_log" not in out.stdout
 
 
@@ -59,3 +60,25 @@ def test_missing_accuracy_reference_is_caught_before_an_accuracy_run(monkeypatch
     with pytest.raises(HarnessConfigError, match="names accuracy reference .*none.json, which does not exist"):
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
     RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")  # performance runs need no reference
+
+
+def test_accuracy_reference_of_another_dataset_is_refused(monkeypatch, tmp_path):
+    from harness import config
+
+    demo = config.System.load("cpu-demo")
+    dataset = tmp_path / "data.json"
+    dataset.write_text("[]")
+    demo.datasets = {"llama3.1-8b": dataset}
+    demo.accuracy_reference = tmp_path / "reference.json"
+    demo.accuracy_reference.write_text(json.dumps({"scores": {}, "dataset_sha256": "0" * 64}))
+    monkeypatch.setattr(config.System, "load", staticmethod(lambda name, root: demo))
+    with pytest.raises(HarnessConfigError, match="data.json is not the dataset accuracy reference .* was recorded on"):
+        RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
+
+
+def test_a_second_run_in_one_process_is_refused(monkeypatch):
+    from harness import run as run_module
+
+    monkeypatch.setattr(run_module, "_runs_in_this_process", 1)
+    with pytest.raises(HarnessConfigError, match="one LoadGen run per process"):
+        run_module.run(RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance"))

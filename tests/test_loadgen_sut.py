@@ -120,3 +120,15 @@ def test_an_engine_failure_fails_its_requests_and_the_run_ends(tiny_llama, promp
     while engine.has_unfinished():
         outputs += engine.step()
     assert outputs[0].finish_reason in ("stop", "length") and len(outputs[0].token_ids) >= 2
+
+
+def test_single_stream_run_is_valid_and_streams_the_first_token(tiny_llama, prompts, tmp_path):
+    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.SingleStream, lg.TestMode.PerformanceOnly,
+                           min_duration_ms=500, min_query_count=256, single_stream_expected_latency_ns=10_000_000,
+                           accuracy_log_probability=1.0)
+    summary = (tmp_path / "mlperf_log_summary.txt").read_text()
+    assert "Result is : VALID" in summary, summary
+    entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
+    assert len(entries) >= 256
+    for e in entries:
+        assert e["data"].startswith(e["token_data"]) and e["token_count"] == len(e["data"]) // 8 >= 2
