@@ -251,9 +251,10 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
                             "at least one of Server or Interactive")
             rules, targets = BENCHMARK_RULES[benchmark], TARGETS[benchmark]
             reference_path = org / "documentation" / f"{bench_dir.name}_reference_accuracy.json"
-            if division == "open" and reference_path.is_file():
+            reference = (_read_json(reference_path, report, "accuracy-reference")
+                         if division == "open" and reference_path.is_file() else None)
+            if reference is not None:
                 # A substituted model: 99% of its own reference scores, and its own EOS tokens.
-                reference = _read_json(reference_path, report, "model-mapping") or {"scores": {}}
                 targets = reference_targets(reference["scores"])
                 rules = replace(rules, eos_token_ids=frozenset(reference.get("eos_token_ids", rules.eos_token_ids)))
             for scenario in sorted(scenarios & SCENARIO_DIRS):
