@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from kernels import checks
 from kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, decode_attention_triton
 from kernels.kv_cache import _store_kvcache_kernel
-from kernels.prefill_attention import _find_sequence, _prefill_kernel, prefill_attention_triton
+from kernels.prefill_attention import _attend, _find_sequence, _prefill_kernel, prefill_attention_triton
 from kernels.rms_norm import _rms_norm_kernel
 from kernels.rotary import _rotary_kernel, _rotate_heads
 
@@ -123,7 +123,7 @@ def check_rotary(device) -> list[dict]:
 
 CHECKS = [
     ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel]),
-    ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence]),
+    ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, _attend]),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
     ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),

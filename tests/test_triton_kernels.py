@@ -162,6 +162,22 @@ def test_engine_default_is_torch_ops_on_cpu(tiny_llama):
     assert llm.engine.runner.model.ops.name == "torch"
 
 
+# Compiling for a GPU without one
+
+def test_kernels_compile_for_sm90():
+    """The interpreter does not compile; this runs Triton's compiler (to sm_90 cubins, with the
+    ptxas that ships in the triton wheel) on exactly what the launchers launch."""
+    import triton.backends
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("this triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "compile_for_gpu.py")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "kernel variants compiled for sm_90" in out.stdout
+
+
 # make gpu-check
 
 def triton_kernels_defined_in_kernels() -> set[str]:
