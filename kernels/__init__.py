@@ -1,9 +1,12 @@
 """The model's ops (RMSNorm, rotary embedding, KV-cache write, paged attention), each as a PyTorch
-reference and as our Triton kernel, one concept per module (rms_norm, rotary, kv_cache,
-decode_attention, prefill_attention; attention holds the metadata and the op the model calls).
-The model calls only the `KernelOps` picked here, so the backend switch lives in one place: the
-engine takes TRITON_OPS on CUDA and TORCH_OPS on CPU (or what its `kernels` setting says; on CPU
-the Triton kernels run only in Triton's interpreter, TRITON_INTERPRET=1, for tests).
+reference and as our Triton kernel, one concept per module: rms_norm, rotary, kv_cache,
+decode_attention, prefill_attention; attention holds the step's metadata and the paged-attention op
+the model calls (the CPU one, and the dispatch to the decode or prefill kernel). checks.py runs
+each kernel against its reference (for the tests and gpu_check.py, `make gpu-check`).
+
+The model calls only the `KernelOps` set picked here, so the backend switch lives in one place: the
+engine takes TRITON_OPS on CUDA and TORCH_OPS on CPU (its `kernels` setting can force either; on
+CPU the Triton kernels run only in Triton's interpreter, TRITON_INTERPRET=1, which is for tests).
 Requests and LoadGen are unknown here: ops take tensors."""
 
 from dataclasses import dataclass

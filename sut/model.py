@@ -1,7 +1,9 @@
 """The Llama architecture (Llama 2, Llama 3/3.1, SmolLM2): GQA attention over the paged KV cache,
 SwiGLU MLP, RMSNorm, rotary embeddings with Llama 3.1's scaling. Parameter names follow Hugging
 Face's, so checkpoints load as they are. Numerics follow transformers' implementation (norms in
-fp32, rope tables in fp32), which is what makes greedy output token-identical to it."""
+fp32, rope tables in fp32), which is what makes greedy output token-identical to it. The norms,
+rope, KV-cache write and attention go through `self.ops` (kernels.KernelOps: the PyTorch ops or
+our Triton kernels, set by the runner)."""
 
 import math
 
