@@ -51,8 +51,10 @@ BENCHMARKS ?=
 submission: setup models data
 	$(PY) -m compliance.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
+# On a CUDA machine (under 8 minutes): every Triton kernel against its reference, then the attention
+# benchmarks; results in build/gpu-check/. Without a GPU it says so and exits 0.
 gpu-check: setup
-	@echo "gpu-check: the Triton kernels land with their own issue; nothing to check yet."
+	$(PY) -m kernels.gpu_check --out build/gpu-check
 
 clean:
 	rm -rf build .pytest_cache

@@ -1,4 +1,4 @@
-"""Paged attention over a block-structured KV cache, and the KV-cache write by slot mapping.
+"""Paged attention over a block-structured KV cache: the op the model calls.
 
 Layout (as in vLLM and flash-attn): each layer's cache is `[num_blocks, block_size, num_kv_heads,
 head_dim]`; a sequence's token t lives in block `block_tables[seq, t // block_size]` at offset
@@ -6,12 +6,18 @@ head_dim]`; a sequence's token t lives in block `block_tables[seq, t // block_si
 tokens start); sequence i has `seq_lens[i]` tokens in all, of which the last `query_lens[i]` are
 this step's queries, so query row r of it sits at position `seq_lens[i] - query_lens[i] + r` and
 sees keys up to and including that position. One op serves prefill chunks and decodes alike.
+
+`paged_attention` is the PyTorch op the engine runs on CPU (planned per step for speed there);
+`paged_attention_triton` runs the Triton kernels (decode_attention.py, prefill_attention.py).
 """
 
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from kernels.decode_attention import decode_attention_triton
+from kernels.prefill_attention import prefill_attention_triton
 
 
 DECODE_GROUP = 8  # decodes per attention call in the CPU reference (see _plan)
@@ -25,17 +31,14 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [num_seqs] int32, tokens per sequence including this step's
     query_lens_host: list[int]  # the same lengths as Python ints, for host-side loops
     seq_lens_host: list[int]
+    max_query_len: int = field(init=False)
+    max_seq_len: int = field(init=False)
     reference_plan: list | None = field(default=None, repr=False)  # built by the first layer, reused by the rest
 
-
-def store_kvcache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                  slot_mapping: torch.Tensor) -> None:
-    """Write new keys and values `[num_tokens, num_kv_heads, head_dim]` into their cache slots."""
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, v)
+    def __post_init__(self):
+        # Once per step, not per layer: the Triton launchers size their grids from these.
+        self.max_query_len = max(self.query_lens_host, default=0)
+        self.max_seq_len = max(self.seq_lens_host, default=0)
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -72,6 +75,16 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         )
         out[item.start:item.end] = o[0].transpose(0, 1)
     return out
+
+
+def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                           v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """`paged_attention` on the Triton kernels: a step of decodes only runs the decode kernel
+    (split-K over long contexts); any other step runs the prefill kernel for all its sequences,
+    decodes included (they are one-token queries to it)."""
+    if meta.max_query_len == 1:
+        return decode_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.max_seq_len)
+    return prefill_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale)
 
 
 @dataclass

@@ -137,6 +137,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False  # MLPerf forbids reuse across queries: off unless asked
     dtype: str = "auto"  # "auto" = the checkpoint's dtype
     device: str = "auto"  # "auto" = cuda when available, else cpu
+    kernels: str = "auto"  # "auto" = our Triton kernels on CUDA, the PyTorch ops on CPU; or "triton" / "torch"
     seed: int = 0  # for sampled requests without their own seed
 
     @staticmethod
@@ -164,6 +165,8 @@ class EngineConfig:
             raise ConfigError(f"engine setting dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
             raise ConfigError(f"engine setting device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.kernels not in ("auto", "triton", "torch"):
+            raise ConfigError(f"engine setting kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ConfigError(f"engine setting kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         if not 0 < self.gpu_memory_utilization <= 1:

@@ -1,14 +1,16 @@
 """The Llama architecture (Llama 2, Llama 3/3.1, SmolLM2): GQA attention over the paged KV cache,
 SwiGLU MLP, RMSNorm, rotary embeddings with Llama 3.1's scaling. Parameter names follow Hugging
 Face's, so checkpoints load as they are. Numerics follow transformers' implementation (norms in
-fp32, rope tables in fp32), which is what makes greedy output token-identical to it."""
+fp32, rope tables in fp32), which is what makes greedy output token-identical to it. The norms,
+rope, KV-cache write and attention go through `self.ops` (kernels.KernelOps: the PyTorch ops or
+our Triton kernels, set by the runner)."""
 
 import math
 
 import torch
 from torch import nn
 
-from kernels import AttentionMetadata, paged_attention, store_kvcache
+from kernels import TORCH_OPS, AttentionMetadata, KernelOps
 from sut.config import ModelConfig
 
 
@@ -18,10 +20,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, ops: KernelOps):
+        """The norm of `x + residual` (of `x` when there is no residual yet) and the new residual."""
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps), x
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -53,17 +56,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin().to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin `[num_tokens, 1, head_dim]` for these positions (once per step, not per layer)."""
-        return self.cos[positions].to(dtype)[:, None, :], self.sin[positions].to(dtype)[:, None, :]
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    return x * cos + rotate_half(x) * sin
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        """cos and sin `[num_tokens, head_dim]` for these positions (once per step, not per layer)."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class LlamaAttention(nn.Module):
@@ -78,14 +72,14 @@ class LlamaAttention(nn.Module):
         self.scale = self.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)  # views into the runner's KV pool
 
-    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata):
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps):
         n = x.shape[0]
         q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        o = paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        q, k = ops.rotary(q, k, *rope)
+        ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        o = ops.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(o.view(n, -1))
 
 
@@ -109,9 +103,13 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, x, rope, meta):
-        x = x + self.self_attn(self.input_layernorm(x), rope, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, meta, ops):
+        """This layer's output and the residual stream before it: the add that follows each block
+        is fused into the next norm (`x + residual` is the usual layer output)."""
+        x, residual = self.input_layernorm(x, residual, ops)
+        x = self.self_attn(x, rope, meta, ops)
+        x, residual = self.post_attention_layernorm(x, residual, ops)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -129,15 +127,17 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # built on the real device after loading
+        self.ops: KernelOps = TORCH_OPS  # the runner picks the backend
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]` of a flat batch of tokens."""
         x = self.model.embed_tokens(input_ids)
         rope = self.rotary(positions, x.dtype)
+        residual = None
         for layer in self.model.layers:
-            x = layer(x, rope, meta)
-        return self.model.norm(x)
+            x, residual = layer(x, residual, rope, meta, self.ops)
+        return self.model.norm(x, residual, self.ops)[0]
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

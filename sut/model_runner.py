@@ -7,7 +7,8 @@ import sys
 
 import torch
 
-from kernels import AttentionMetadata
+from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
+from kernels.triton_utils import interpreting
 from sut.config import EngineConfig, ModelConfig
 from sut.errors import ConfigError
 from sut.loader import load_model
@@ -40,6 +41,13 @@ class ModelRunner:
             keep_freed_memory_in_heap()
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
+        # The one backend switch. Triton on a CPU device works only in Triton's interpreter
+        # (TRITON_INTERPRET=1): that is for tests, far too slow to serve.
+        use_triton = config.kernels == "triton" or (config.kernels == "auto" and device.type == "cuda")
+        if use_triton and device.type != "cuda" and not interpreting():
+            raise ConfigError("engine setting kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 "
+                              "(Triton's interpreter, for tests) set before kernels is imported")
+        self.model.ops = TRITON_OPS if use_triton else TORCH_OPS
         c = model_config
         self.bytes_per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory(config, model_config)

@@ -4,6 +4,13 @@ from pathlib import Path
 import pytest
 import torch
 
+# Without a GPU the Triton kernels run in Triton's interpreter. Triton reads the switch when a
+# kernel module is imported (at @triton.jit), and test modules import the engine, hence kernels,
+# as they are collected: so it is set here, before any of them. It changes nothing else: on CPU
+# the engine uses the PyTorch ops unless a test asks for the Triton ones.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 torch.manual_seed(0)
 
 SMOLLM2_DIR = Path(os.environ.get("SAAF_MODEL_DIR", Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser()

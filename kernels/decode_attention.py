@@ -1,0 +1,169 @@
+"""Paged decode attention: one query token per sequence over its cached keys and values.
+
+`q [num_seqs, num_q_heads, head_dim]`; each layer's cache is `[num_blocks, block_size,
+num_kv_heads, head_dim]`, and sequence i's token t lives in block `block_tables[i, t // block_size]`
+at offset `t % block_size`; the query attends to all `context_lens[i]` cached tokens (its own
+included). GQA: query heads h*group .. (h+1)*group-1 share KV head h.
+
+The kernel reads each KV head's tokens once for all query heads of its group: one program takes a
+(sequence, KV head, split) and holds the group's queries as the rows of a tl.dot tile, padded to 16.
+Long contexts are split across programs (split-K) so that small batches still fill the GPU; a
+second kernel merges the splits' partial results by their log-sum-exp.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_utils import check_dot_dim, num_sms, upcast_dot_operands
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 64  # keys per inner step
+MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the parallelism it adds
+MAX_SPLITS = 64
+
+
+def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Plain fp32 attention, one sequence at a time."""
+    num_q_heads, block_size = q.shape[1], k_cache.shape[1]
+    group = num_q_heads // k_cache.shape[2]
+    out = torch.empty_like(q)
+    for i, n in enumerate(context_lens.tolist()):
+        blocks = block_tables[i, : -(-n // block_size)].long()
+        keys = k_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)  # [n, q_heads, d]
+        values = v_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].float(), keys) * scale
+        out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), values).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
+                         out_ptr, partial_out_ptr, partial_lse_ptr, scale_log2,
+                         q_stride_seq, q_stride_head, out_stride_seq, out_stride_head,
+                         cache_stride_block, cache_stride_token, cache_stride_head, block_tables_stride,
+                         NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                         NUM_SPLITS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq)
+    # Each split takes a whole number of BLOCK_N steps of this sequence's own context.
+    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = split * split_len
+    end = tl.minimum(start + split_len, context_len)
+
+    rows = tl.arange(0, BLOCK_H)  # query heads of this KV head, padded
+    heads = kv_head * GROUP + rows
+    row_ok = rows < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + seq * q_stride_seq + heads[:, None] * q_stride_head + dims[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    # Online softmax in base 2. m starts at a finite floor, not -inf, so that a tile whose keys are
+    # all masked gives exp2(-inf - floor) = 0 and never exp2(-inf - -inf) = NaN.
+    m = tl.full([BLOCK_H], -1.0e30, tl.float32)
+    l = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_ok = pos < end
+        # Gather per token, so the tile size does not depend on the cache's block size.
+        block = tl.load(block_table + pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        offsets = block * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_token + kv_head * cache_stride_head
+        k = tl.load(k_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_H, BLOCK_N]
+        s = tl.where(key_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m = m_new
+
+    # An empty split (context shorter than the splits) has l = 0: divide by 1 and give it lse -inf.
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        tl.store(out_ptr + seq * out_stride_seq + heads[:, None] * out_stride_head + dims[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        # partial_out [num_seqs, num_q_heads, NUM_SPLITS, HEAD_DIM], partial_lse [.., NUM_SPLITS] (fp32)
+        partial = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split
+        tl.store(partial_out_ptr + partial[:, None] * HEAD_DIM + dims[None, :], out, mask=row_ok[:, None])
+        lse = tl.where(l > 0, m + tl.log2(tl.where(l > 0, l, 1.0)), float("-inf"))
+        tl.store(partial_lse_ptr + partial, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_reduce_kernel(partial_out_ptr, partial_lse_ptr, out_ptr, out_stride_seq, out_stride_head,
+                          NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+    # One program per (sequence, query head): weight each split by exp2(lse - max lse).
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    splits = tl.arange(0, NUM_SPLITS)
+    dims = tl.arange(0, HEAD_DIM)
+    partial = (seq * NUM_Q_HEADS + head) * NUM_SPLITS + splits
+    lse = tl.load(partial_lse_ptr + partial)
+    # The first split always holds tokens (context_len >= 1), so the max is finite.
+    weights = tl.exp2(lse - tl.max(lse, axis=0))
+    parts = tl.load(partial_out_ptr + partial[:, None] * HEAD_DIM + dims[None, :])
+    out = tl.sum(parts * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + seq * out_stride_seq + head * out_stride_head + dims, out.to(out_ptr.dtype.element_ty))
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, device: torch.device) -> int:
+    """Enough splits for about two programs per SM, none shorter than MIN_TOKENS_PER_SPLIT tokens,
+    rounded to a power of two (each value is a separate compilation)."""
+    wanted = math.ceil(2 * num_sms(device) / (num_seqs * num_kv_heads))
+    useful = math.ceil(max_context_len / MIN_TOKENS_PER_SPLIT)
+    splits = max(1, min(wanted, useful, MAX_SPLITS))
+    return triton.next_power_of_2(splits)
+
+
+def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
+                            max_context_len: int, num_splits: int | None = None) -> torch.Tensor:
+    """The Triton kernels behind `decode_attention_reference`'s interface. `max_context_len` (a host
+    int, so no device sync) sizes the split-K; `num_splits` overrides it (a power of two)."""
+    num_seqs, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group = num_q_heads // num_kv_heads
+    check_dot_dim("head_dim", head_dim)
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
+    assert block_tables.stride(-1) == 1
+    if num_splits is None:
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
+    assert num_splits & (num_splits - 1) == 0, f"num_splits must be a power of two, got {num_splits}"
+    out = torch.empty_like(q)
+    if num_seqs == 0:
+        return out
+    if num_splits > 1:
+        partial_out = torch.empty(num_seqs, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
+        partial_lse = torch.empty(num_seqs, num_q_heads, num_splits, dtype=torch.float32, device=q.device)
+    else:
+        partial_out = partial_lse = out  # not written
+    _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, context_lens, out, partial_out, partial_lse, scale * LOG2E,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits,
+        UPCAST_DOT=upcast_dot_operands(q.dtype),
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_seqs, num_q_heads)](
+            partial_out, partial_lse, out, out.stride(0), out.stride(1),
+            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+        )
+    return out

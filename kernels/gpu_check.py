@@ -1,0 +1,316 @@
+"""`make gpu-check`: on a CUDA machine, compile and test every Triton kernel against its PyTorch
+reference, then benchmark decode attention (batch 1..256, context 512..8192: GB/s of K/V read, its
+ratio to the card's peak HBM bandwidth, and its speed against torch's scaled_dot_product_attention
+on the same data laid out contiguously) and prefill attention (TFLOP/s against the card's dense
+bf16 peak). Writes results.json and results.md to --out. Without a GPU it says so and exits 0.
+
+    python -m kernels.gpu_check --out build/gpu-check
+"""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kernels import checks
+from kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, decode_attention_triton
+from kernels.kv_cache import _store_kvcache_kernel
+from kernels.prefill_attention import _attend, _find_sequence, _prefill_kernel, prefill_attention_triton
+from kernels.rms_norm import _rms_norm_kernel
+from kernels.rotary import _rotary_kernel, _rotate_heads
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+# (substring of torch.cuda.get_device_name, peak HBM GB/s, dense bf16 tensor TFLOP/s); first match
+# wins, so the more specific names come first. Vendor data-sheet numbers.
+PEAKS = [
+    ("GH200", 4000, 989),
+    ("H200", 4800, 989),
+    ("H100 NVL", 3900, 835),
+    ("H100 PCIe", 2000, 756),
+    ("H100", 3350, 989),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("B200", 8000, 2250),
+    ("A100-SXM4-80GB", 2039, 312),
+    ("A100 80GB PCIe", 1935, 312),
+    ("A100", 1555, 312),  # 40GB
+    ("L40S", 864, 362),
+    ("L4", 300, 121),
+]
+
+# Llama-3.1-8B's attention shape: 32 query heads, 8 KV heads, head_dim 128.
+BENCH_HEADS = (32, 8, 128)
+BENCH_BLOCK_SIZE = 16
+DECODE_BATCHES = [1, 8, 32, 64, 128, 256]
+DECODE_CONTEXTS = [512, 2048, 8192]
+# (name, query_lens, seq_lens): whole prompts, and a chunk after cached context.
+PREFILL_CASES = [
+    ("1 x 4096 prompt", [4096], [4096]),
+    ("4 x 1024 prompts", [1024] * 4, [1024] * 4),
+    ("2048 chunk after 2048 cached", [2048], [4096]),
+    ("1 x 8192 prompt", [8192], [8192]),
+]
+
+
+def peaks(device_name: str) -> tuple[float | None, float | None]:
+    for key, gbps, tflops in PEAKS:
+        if key in device_name:
+            return gbps, tflops
+    return None, None
+
+
+# Correctness: each entry is (what, run the cases -> list of results, the @triton.jit functions it
+# covers). tests/test_triton_kernels.py checks that these cover every kernel in kernels/.
+
+def _run_case(case: str, dtype: torch.dtype, check) -> dict:
+    """One case: `check()` returns (got, want); a compile or launch error fails the case, not the run."""
+    result = dict(case=case, dtype=str(dtype).removeprefix("torch."), ok=False, max_abs_err=None, error="")
+    try:
+        got, want = check()
+        result["max_abs_err"] = float((got - want).abs().max()) if got.numel() else 0.0
+        checks.assert_close(got, want, dtype, case)
+        result["ok"] = True
+    except Exception as e:  # noqa: BLE001 - reported in the results, with the case
+        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return result
+
+
+def check_decode(device) -> list[dict]:
+    results = []
+    for dtype in DTYPES:
+        for gqa, head_dim, block_size in [(1, 128, 16), (2, 64, 8), (4, 128, 32), (8, 128, 16), (4, 64, 128),
+                                          (8, 64, 64)]:
+            lens = checks.ragged_lengths(block_size) + [3000]
+            for num_splits in (1, None):  # one pass; split-K as the launcher chooses it
+                case = f"decode gqa={gqa} head_dim={head_dim} block_size={block_size} splits={num_splits or 'auto'}"
+                results.append(_run_case(case, dtype, lambda: checks.check_decode_attention(
+                    lens, 8 * gqa, 8, head_dim, block_size, dtype, device, num_splits)))
+    return results
+
+
+def check_prefill(device) -> list[dict]:
+    results = []
+    query_lens = [300, 1, 5, 100, 17, 1]
+    seq_lens = [300, 1000, 1005, 612, 17, 1]
+    for dtype in DTYPES:
+        for gqa, head_dim, block_size in [(1, 128, 16), (4, 128, 16), (8, 64, 32), (2, 128, 128)]:
+            case = f"prefill gqa={gqa} head_dim={head_dim} block_size={block_size}"
+            results.append(_run_case(case, dtype, lambda: checks.check_prefill_attention(
+                query_lens, seq_lens, 8 * gqa, 8, head_dim, block_size, dtype, device)))
+    return results
+
+
+def check_kv_cache(device) -> list[dict]:
+    return [_run_case(f"store_kvcache block_size={bs}", dtype,
+                      lambda: checks.check_store_kvcache(300, 8, 128, bs, dtype, device))
+            for dtype in DTYPES for bs in (8, 16, 128)]
+
+
+def check_rms_norm(device) -> list[dict]:
+    return [_run_case(f"rms_norm hidden={hidden} residual={res}", dtype,
+                      lambda: checks.check_rms_norm(257, hidden, dtype, device, res))
+            for dtype in DTYPES for hidden in (4096, 8192, 576) for res in (False, True)]
+
+
+def check_rotary(device) -> list[dict]:
+    return [_run_case(f"rotary heads={hq}/{hkv} head_dim={hd}", dtype,
+                      lambda: checks.check_rotary(257, hq, hkv, hd, dtype, device))
+            for dtype in DTYPES for hq, hkv, hd in ((32, 8, 128), (64, 8, 128), (9, 3, 64))]
+
+
+CHECKS = [
+    ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel]),
+    ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, _attend]),
+    ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
+    ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
+    ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),
+]
+
+
+# Benchmarks
+
+def _time_ms(fn) -> float:
+    import triton.testing
+
+    return triton.testing.do_bench(fn, warmup=10, rep=50)
+
+
+def _paged_bench_inputs(seq_lens: list[int], device):
+    num_q_heads, num_kv_heads, head_dim = BENCH_HEADS
+    g = torch.Generator().manual_seed(0)
+    blocks = [-(-n // BENCH_BLOCK_SIZE) for n in seq_lens]
+    order = torch.randperm(sum(blocks), generator=g)  # scattered blocks, as a long-running engine has them
+    block_tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
+    taken = 0
+    for i, n in enumerate(blocks):
+        block_tables[i, :n] = order[taken:taken + n]
+        taken += n
+    shape = (sum(blocks), BENCH_BLOCK_SIZE, num_kv_heads, head_dim)
+    k_cache = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    v_cache = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    return k_cache, v_cache, block_tables.to(device)
+
+
+def _sdpa_ms(fn) -> float | None:
+    """SDPA's time, or None where it cannot run the case (e.g. out of memory)."""
+    try:
+        return _time_ms(fn)
+    except (RuntimeError, torch.OutOfMemoryError) as e:
+        print(f"  SDPA baseline skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
+        torch.cuda.empty_cache()
+        return None
+
+
+def _contiguous(cache: torch.Tensor, block_tables: torch.Tensor, length: int) -> torch.Tensor:
+    """The sequences' K or V as `[num_seqs, num_kv_heads, length, head_dim]` (SDPA's layout)."""
+    return cache[block_tables.long()].flatten(1, 2)[:, :length].transpose(1, 2).contiguous()
+
+
+def bench_decode(device, peak_gbps) -> list[dict]:
+    from tqdm import tqdm
+
+    num_q_heads, num_kv_heads, head_dim = BENCH_HEADS
+    rows = []
+    for context in DECODE_CONTEXTS:
+        for batch in tqdm(DECODE_BATCHES, desc=f"decode attention, context {context}", leave=False):
+            k_cache, v_cache, block_tables = _paged_bench_inputs([context] * batch, device)
+            q = torch.randn(batch, num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
+            lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+            scale = head_dim ** -0.5
+            ms = _time_ms(lambda: decode_attention_triton(q, k_cache, v_cache, block_tables, lens, scale, context))
+            keys, values = _contiguous(k_cache, block_tables, context), _contiguous(v_cache, block_tables, context)
+            del k_cache, v_cache
+            q4 = q[:, :, None, :]
+            sdpa_ms = _sdpa_ms(lambda: F.scaled_dot_product_attention(q4, keys, values, scale=scale, enable_gqa=True))
+            del keys, values
+            torch.cuda.empty_cache()
+            gbps = 2 * batch * context * num_kv_heads * head_dim * 2 / ms / 1e6  # K and V, bf16
+            rows.append(dict(batch=batch, context=context, ms=ms, gbps=gbps,
+                             peak_ratio=gbps / peak_gbps if peak_gbps else None, sdpa_ms=sdpa_ms,
+                             speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None))
+    return rows
+
+
+def bench_prefill(device, peak_tflops) -> list[dict]:
+    from tqdm import tqdm
+
+    num_q_heads, num_kv_heads, head_dim = BENCH_HEADS
+    rows = []
+    for name, query_lens, seq_lens in tqdm(PREFILL_CASES, desc="prefill attention", leave=False):
+        k_cache, v_cache, block_tables = _paged_bench_inputs(seq_lens, device)
+        q = torch.randn(sum(query_lens), num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
+        cu = torch.tensor([0] + [sum(query_lens[:i + 1]) for i in range(len(query_lens))], dtype=torch.int32,
+                          device=device)
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        scale = head_dim ** -0.5
+        ms = _time_ms(lambda: prefill_attention_triton(q, k_cache, v_cache, block_tables, cu, lens, scale))
+        tflops = checks.attention_flops(query_lens, seq_lens, num_q_heads, head_dim) / ms / 1e9
+        sdpa_ms = None
+        if query_lens == seq_lens and len(set(seq_lens)) == 1:  # SDPA's causal mask has no context offset
+            keys, values = _contiguous(k_cache, block_tables, seq_lens[0]), _contiguous(v_cache, block_tables,
+                                                                                         seq_lens[0])
+            qs = q.view(len(seq_lens), seq_lens[0], num_q_heads, head_dim).transpose(1, 2)
+            sdpa_ms = _sdpa_ms(lambda: F.scaled_dot_product_attention(qs, keys, values, is_causal=True, scale=scale,
+                                                                       enable_gqa=True))
+            del keys, values
+        del k_cache, v_cache
+        torch.cuda.empty_cache()
+        rows.append(dict(case=name, tokens=sum(query_lens), ms=ms, tflops=tflops,
+                         peak_ratio=tflops / peak_tflops if peak_tflops else None, sdpa_ms=sdpa_ms,
+                         speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None))
+    return rows
+
+
+def _pct(x):
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _num(x, fmt: str, suffix: str = "") -> str:
+    return "-" if x is None else f"{x:{fmt}}{suffix}"
+
+
+def targets(results: dict) -> list[str]:
+    """Issue 5's targets on H100/H200: decode >= 70% of peak HBM bandwidth at batch >= 32 and
+    context >= 2048; prefill >= 50% of dense bf16 peak at 4096 tokens."""
+    decode = [r for r in results["decode"] if r["batch"] >= 32 and r["context"] >= 2048 and r["peak_ratio"]]
+    prefill = [r for r in results["prefill"] if r["tokens"] == 4096 and r["peak_ratio"]]
+    lines = []
+    if decode:
+        met = sum(r["peak_ratio"] >= 0.7 for r in decode)
+        lines.append(f"Decode >= 70% of peak bandwidth at batch >= 32, context >= 2048: met in {met} of {len(decode)} "
+                     f"(lowest {_pct(min(r['peak_ratio'] for r in decode))}).")
+    if prefill:
+        met = sum(r["peak_ratio"] >= 0.5 for r in prefill)
+        lines.append(f"Prefill >= 50% of dense bf16 peak at 4096 tokens: met in {met} of {len(prefill)} "
+                     f"(best {_pct(max(r['peak_ratio'] for r in prefill))}).")
+    return lines
+
+
+def markdown(results: dict) -> str:
+    lines = [f"# gpu-check on {results['device']}", "",
+             f"Peak HBM {results['peak_gbps'] or '?'} GB/s, dense bf16 {results['peak_tflops'] or '?'} TFLOP/s "
+             f"(kernels/gpu_check.py PEAKS); {results['elapsed_s']:.0f} s in all.", "",
+             "## Correctness (kernel vs PyTorch reference)", "", "| kernel | cases | failed | max abs error |",
+             "|---|---|---|---|"]
+    for name, rows in results["checks"].items():
+        failed = [r for r in rows if not r["ok"]]
+        errors = [r["max_abs_err"] for r in rows if r["max_abs_err"] is not None]
+        lines.append(f"| {name} | {len(rows)} | {len(failed)} | {_num(max(errors, default=None), '.2e')} |")
+    for name, rows in results["checks"].items():
+        for r in rows:
+            if not r["ok"]:
+                lines.append(f"\nFAILED {name}: {r['case']} {r['dtype']}: {r['error']}")
+    lines += ["", "## Decode attention (bf16, 32 q heads / 8 KV heads, head_dim 128, block size 16)", "",
+              "| batch | context | ms | K/V GB/s | of peak | SDPA ms | speedup vs SDPA |", "|---|---|---|---|---|---|---|"]
+    for r in results["decode"]:
+        lines.append(f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | {_pct(r['peak_ratio'])} | "
+                     f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |")
+    lines += ["", "## Prefill attention (bf16, causal, same heads)", "",
+              "| case | tokens | ms | TFLOP/s | of dense bf16 peak | SDPA ms | speedup vs SDPA |",
+              "|---|---|---|---|---|---|---|"]
+    for r in results["prefill"]:
+        lines.append(f"| {r['case']} | {r['tokens']} | {r['ms']:.3f} | {r['tflops']:.0f} | {_pct(r['peak_ratio'])} | "
+                     f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |")
+    return "\n".join(lines + [""] + targets(results)) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="build/gpu-check", help="folder for results.json and results.md")
+    parser.add_argument("--skip-bench", action="store_true", help="correctness checks only")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
+        return 0
+    start = time.time()
+    device = torch.device("cuda")
+    name = torch.cuda.get_device_name(device)
+    peak_gbps, peak_tflops = peaks(name)
+    print(f"gpu-check on {name}: peak {peak_gbps or '?'} GB/s, {peak_tflops or '?'} dense bf16 TFLOP/s")
+    results = dict(device=name, peak_gbps=peak_gbps, peak_tflops=peak_tflops, checks={}, decode=[], prefill=[])
+    for what, run, _ in CHECKS:
+        t = time.time()
+        rows = run(device)
+        results["checks"][what] = rows
+        failed = sum(not r["ok"] for r in rows)
+        print(f"  {what}: {len(rows) - failed}/{len(rows)} cases match the reference ({time.time() - t:.0f} s)")
+    if not args.skip_bench:
+        results["decode"] = bench_decode(device, peak_gbps)
+        results["prefill"] = bench_prefill(device, peak_tflops)
+    results["elapsed_s"] = time.time() - start
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    (out / "results.md").write_text(markdown(results))
+    print(markdown(results))
+    failed = sum(not r["ok"] for rows in results["checks"].values() for r in rows)
+    print(f"gpu-check: {'FAIL' if failed else 'PASS'}: {failed} failed case(s); results in {out}/results.md "
+          f"({results['elapsed_s']:.0f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Paged prefill attention for a variable-length batch: several query tokens per sequence over the
+paged KV cache, causal, with the offset of the already-cached context. One kernel serves whole
+prompts, chunked-prefill chunks, single decode tokens and a speculative verifier's draft tokens.
+
+Queries are flat `[num_tokens, num_q_heads, head_dim]`; sequence i's query rows are
+`cu_seqlens_q[i] .. cu_seqlens_q[i+1]-1`, and it has `seq_lens[i]` tokens in the cache in all
+(this step's included, already stored), so its query row r sits at position
+`seq_lens[i] - query_len_i + r` and sees keys 0 .. that position.
+
+A program takes BLOCK_Q query tokens of one sequence and one KV head, and puts all query heads of
+that KV head into the rows of one tile (row = token * group + head in group), so the group shares
+every K/V tile in tl.dot. The grid's first axis is an upper bound on the tiles of all sequences;
+each program finds its sequence by binary search over cu_seqlens_q (no host-side tile list).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.triton_utils import check_dot_dim, upcast_dot_operands
+
+LOG2E = 1.4426950408889634
+BLOCK_M = 128  # rows (query token x head in group) per program on a GPU
+BLOCK_N = 64  # keys per inner step
+
+
+def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                                scale: float) -> torch.Tensor:
+    """Plain fp32 causal attention, one sequence at a time."""
+    num_q_heads, block_size = q.shape[1], k_cache.shape[1]
+    group = num_q_heads // k_cache.shape[2]
+    out = torch.empty_like(q)
+    cu = cu_seqlens_q.tolist()
+    for i, n in enumerate(seq_lens.tolist()):
+        start, end = cu[i], cu[i + 1]
+        blocks = block_tables[i, : -(-n // block_size)].long()
+        keys = k_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)  # [n, q_heads, d]
+        values = v_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("thd,nhd->htn", q[start:end].float(), keys) * scale
+        positions = torch.arange(n - (end - start), n, device=q.device)
+        visible = torch.arange(n, device=q.device)[None, :] <= positions[:, None]
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        out[start:end] = torch.einsum("htn,nhd->thd", probs, values).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _find_sequence(cu_seqlens_q_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
+    """The sequence whose tiles include `tile`: sequence s owns the tiles from
+    cu_seqlens_q[s] // BLOCK_Q + s on, enough for its query_len tokens (the + s gives each
+    sequence one spare tile for its ragged start)."""
+    lo: tl.int32 = 0
+    hi: tl.int32 = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(cu_seqlens_q_ptr + mid) // BLOCK_Q + mid <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
+
+
+@triton.jit
+def _attend(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, start, end, row_pos, scale_log2,
+            cache_stride_block, cache_stride_token, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+            BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr, MASKED: tl.constexpr):
+    """Online-softmax update of (m, l, acc) with keys start .. end-1, BLOCK_N at a time. MASKED:
+    mask keys past `end` and past each row's position; without it every row sees every key."""
+    dims = tl.arange(0, HEAD_DIM)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_ok = pos < end
+        # Gather per token, so the tile size does not depend on the cache's block size.
+        block = tl.load(block_table + pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        offsets = block * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_token + kv_head_offset
+        k = tl.load(k_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N]
+        if MASKED:
+            s = tl.where(key_ok[None, :] & (pos[None, :] <= row_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m = m_new
+    return m, l, acc
+
+
+@triton.jit
+def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
+                    scale_log2, num_seqs,
+                    q_stride_token, q_stride_head, out_stride_token, out_stride_head,
+                    cache_stride_block, cache_stride_token, cache_stride_head, block_tables_stride,
+                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    seq = _find_sequence(cu_seqlens_q_ptr, num_seqs, tile, BLOCK_Q)
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    query_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    first_token = (tile - (q_start // BLOCK_Q + seq)) * BLOCK_Q  # of this tile, within the sequence
+    if first_token >= query_len:
+        return  # a spare tile
+    seq_len = tl.load(seq_lens_ptr + seq)
+    context_len = seq_len - query_len  # cached before this step's tokens
+
+    rows = tl.arange(0, BLOCK_M)
+    tokens = first_token + rows // GROUP
+    heads = kv_head * GROUP + rows % GROUP
+    row_ok = (rows < BLOCK_Q * GROUP) & (tokens < query_len)
+    row_pos = context_len + tokens
+    dims = tl.arange(0, HEAD_DIM)
+    q_rows = (q_start + tokens).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * q_stride_token + heads[:, None] * q_stride_head + dims[None, :],
+                mask=row_ok[:, None], other=0.0)
+    if UPCAST_DOT:
+        q = q.to(tl.float32)
+
+    # Online softmax in base 2; the finite floor for m keeps fully masked tiles and padded rows at
+    # exp2(-inf) = 0 instead of NaN.
+    m = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
+    kv_head_offset = kv_head * cache_stride_head
+    # Keys before the tile's first query position are visible to every row: whole steps of them
+    # need no mask. The rest, up to the tile's last query position, are masked causally.
+    unmasked_end = (context_len + first_token) // BLOCK_N * BLOCK_N
+    kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)
+    m, l, acc = _attend(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, 0, unmasked_end,
+                        row_pos, scale_log2, cache_stride_block, cache_stride_token,
+                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=False)
+    m, l, acc = _attend(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, unmasked_end, kv_end,
+                        row_pos, scale_log2, cache_stride_block, cache_stride_token,
+                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=True)
+
+    out = acc / tl.where(l > 0, l, 1.0)[:, None]  # padded rows have l = 0
+    tl.store(out_ptr + q_rows[:, None] * out_stride_token + heads[:, None] * out_stride_head + dims[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
+                             scale: float, block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> torch.Tensor:
+    """The Triton kernel behind `prefill_attention_reference`'s interface (`block_m`, `block_n`:
+    tile sizes, smaller in tests so that a few tokens span several tiles)."""
+    num_tokens, num_q_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    num_seqs = seq_lens.shape[0]
+    group = num_q_heads // num_kv_heads
+    check_dot_dim("head_dim", head_dim)
+    check_dot_dim("block_m", block_m)
+    check_dot_dim("block_n", block_n)
+    assert group <= block_m, f"a tile of {block_m} rows cannot hold a group of {group} query heads"
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
+    assert block_tables.stride(-1) == 1
+    out = torch.empty_like(q)
+    if num_tokens == 0:
+        return out
+    block_q = block_m // group
+    grid = (num_tokens // block_q + num_seqs, num_kv_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale * LOG2E, num_seqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        UPCAST_DOT=upcast_dot_operands(q.dtype),
+        num_warps=8 if block_m >= 128 else 4,
+    )
+    return out

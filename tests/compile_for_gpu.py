@@ -1,0 +1,99 @@
+"""Compile every Triton kernel for a GPU target (default sm_90) on a machine without one: the real
+launchers run on small CPU tensors, but each kernel launch is replaced by an ahead-of-time compile
+(Triton's frontend, then ptxas) of exactly what the launcher would launch. Catches what Triton's
+interpreter lets through: constexpr and dtype errors, loop-carried type changes, tl.dot shapes.
+
+Run without TRITON_INTERPRET (test_triton_kernels.py starts it in a subprocess). Prints one line
+per compiled kernel and exits 1 on the first failure."""
+
+import os
+import sys
+from pathlib import Path
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "compile_for_gpu needs the real Triton compiler"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+import kernels.decode_attention  # noqa: E402
+import kernels.kv_cache  # noqa: E402
+import kernels.prefill_attention  # noqa: E402
+import kernels.rms_norm  # noqa: E402
+import kernels.rotary  # noqa: E402
+from kernels import checks  # noqa: E402
+
+POINTER_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
+                 torch.int64: "*i64"}
+TARGET = GPUTarget("cuda", int(os.environ.get("SAAF_COMPILE_ARCH", "90")), 32)
+LAUNCH_OPTIONS = ("num_warps", "num_stages")
+compiled: set[tuple] = set()
+
+
+class CompileInsteadOfLaunch:
+    """Stands in for a @triton.jit kernel: `kernel[grid](*args, **kwargs)` compiles it for TARGET
+    with the signature and constexprs the JIT would derive from these arguments."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return self.compile
+
+    def compile(self, *args, **kwargs):
+        fn = self.kernel
+        values = dict(zip(fn.arg_names, args)) | {k: v for k, v in kwargs.items() if k not in LAUNCH_OPTIONS}
+        signature, constexprs = {}, {}
+        for param in fn.params:
+            value = values[param.name]
+            # As the JIT does: constexpr parameters, and integer arguments equal to 1, are constants.
+            if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+                signature[param.name], constexprs[param.name] = "constexpr", value
+            elif isinstance(value, torch.Tensor):
+                signature[param.name] = POINTER_TYPES[value.dtype]
+            elif isinstance(value, float):
+                signature[param.name] = "fp32"
+            else:
+                signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+        options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
+        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
+               tuple(sorted(options.items())))
+        if key in compiled:
+            return
+        compiled.add(key)
+        try:
+            binary = triton.compile(ASTSource(fn, signature, constexprs), target=TARGET, options=options)
+        except Exception as e:
+            print(f"FAILED {fn.__name__} {constexprs} {options}: {type(e).__name__}: {e}")
+            sys.exit(1)
+        print(f"compiled {fn.__name__} for sm_{TARGET.arch} {constexprs} {options}: "
+              f"{binary.metadata.shared} bytes of shared memory")
+
+
+def main():
+    for module in (kernels.decode_attention, kernels.prefill_attention, kernels.kv_cache, kernels.rms_norm,
+                   kernels.rotary):
+        source = Path(module.__file__).read_text()
+        for name in dir(module):
+            # Launched kernels only (`name[grid](...)`); jit helpers they call stay as they are.
+            if isinstance(getattr(module, name), triton.runtime.JITFunction) and f"{name}[" in source:
+                setattr(module, name, CompileInsteadOfLaunch(getattr(module, name)))
+    # The engine's dtype on a GPU (bf16; fp16 is the same code), Llama-shaped heads (8 KV heads,
+    # GQA 1/4/8, head_dim 64/128); one sequence too (the JIT turns an int argument of 1 into a constant).
+    dtype = torch.bfloat16
+    for gqa, head_dim in ((1, 128), (4, 128), (8, 64)):
+        for num_splits in (1, 4):
+            checks.check_decode_attention([5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu", num_splits)
+        checks.check_prefill_attention([5, 1], [5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        checks.check_prefill_attention([5], [40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        checks.check_rotary(3, 8 * gqa, 8, head_dim, dtype, "cpu")
+    checks.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
+    for with_residual in (False, True):
+        checks.check_rms_norm(3, 4096, dtype, "cpu", with_residual)
+    print(f"{len(compiled)} kernel variants compiled for sm_{TARGET.arch}")
+
+
+if __name__ == "__main__":
+    main()

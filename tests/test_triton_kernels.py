@@ -1,0 +1,207 @@
+"""Every Triton kernel against its PyTorch reference (kernels/checks.py), in Triton's interpreter
+on CPU (tests/conftest.py sets TRITON_INTERPRET=1 before anything imports a kernel; on a CUDA
+machine they run compiled on the GPU). Shapes are small: the interpreter runs each program in
+Python. Tolerances per dtype are `kernels.checks.TOLERANCES`: fp32 1e-4; fp16 2e-3; bf16 2e-2
+(absolute and relative), the last because the interpreter rounds fp32 to bf16 toward zero."""
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kernels import checks
+from kernels.checks import assert_close, ragged_lengths
+from kernels.decode_attention import choose_num_splits
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+GQA_RATIOS = [1, 2, 4, 8]
+BLOCK_SIZES = [8, 16, 32, 64, 128]
+REPO = Path(__file__).resolve().parents[1]
+
+
+def block_size_for(gqa: int, dtype: torch.dtype) -> int:
+    """Spread the block sizes over the dtype x GQA grid (each size meets each dtype)."""
+    return BLOCK_SIZES[(GQA_RATIOS.index(gqa) + DTYPES.index(dtype)) % len(BLOCK_SIZES)]
+
+
+# Decode attention
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gqa", GQA_RATIOS)
+def test_decode_attention_ragged_gqa(dtype, gqa):
+    block_size = block_size_for(gqa, dtype)
+    lens = ragged_lengths(block_size)
+    for num_splits in (1, 4):  # one pass, and split-K with the reduction kernel
+        got, want = checks.check_decode_attention(lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, num_splits)
+        assert_close(got, want, dtype, f"decode gqa={gqa} block_size={block_size} splits={num_splits}")
+
+
+@pytest.mark.parametrize("block_size", BLOCK_SIZES)
+def test_decode_attention_head_dim_128(block_size):
+    got, want = checks.check_decode_attention(ragged_lengths(block_size), 8, 2, 128, block_size, torch.bfloat16,
+                                              DEVICE, num_splits=2)
+    assert_close(got, want, torch.bfloat16, f"decode head_dim=128 block_size={block_size}")
+
+
+def test_decode_attention_empty_splits_give_no_nan():
+    """Contexts far shorter than the splits: most splits see only masked keys (their partial
+    results are empty and must weigh nothing), and the padded head rows of the tile too."""
+    got, want = checks.check_decode_attention([1, 2, 3], 2, 2, 64, 16, torch.float32, DEVICE, num_splits=16)
+    assert_close(got, want, torch.float32, "decode with empty splits")
+
+
+def test_decode_attention_chooses_splits_itself():
+    got, want = checks.check_decode_attention([700, 5], 8, 2, 64, 16, torch.float16, DEVICE)
+    assert_close(got, want, torch.float16, "decode with chosen splits")
+    cpu = torch.device("cpu")
+    assert choose_num_splits(256, 8, 8192, cpu) == 1  # a big batch fills the GPU by itself
+    assert choose_num_splits(1, 8, 100, cpu) == 1  # too short to split
+    splits = choose_num_splits(1, 1, 8192, cpu)
+    assert splits > 1 and splits & (splits - 1) == 0
+
+
+# Prefill attention (varlen, paged, causal with the cached-context offset)
+
+# (query_len, seq_len) per sequence: whole prompts of ragged lengths, chunked-prefill chunks after
+# cached context, one-token decodes, a 4-token verify, a one-token prompt.
+def prefill_batch(block_size: int) -> tuple[list[int], list[int]]:
+    pairs = [(n, n) for n in ragged_lengths(block_size)[1:4]]
+    pairs += [(7, 7 + block_size), (block_size + 1, 3 * block_size + 2), (1, block_size + 1), (4, 2 * block_size),
+              (1, 1)]
+    return [q for q, _ in pairs], [s for _, s in pairs]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gqa", GQA_RATIOS)
+def test_prefill_attention_varlen_chunked(dtype, gqa):
+    block_size = block_size_for(gqa, dtype)
+    query_lens, seq_lens = prefill_batch(block_size)
+    # 32-row tiles: a few query tokens already span several tiles, and with 16-key steps the
+    # first rows of a tile meet key steps that are entirely masked for them.
+    got, want = checks.check_prefill_attention(query_lens, seq_lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE,
+                                               block_m=32, block_n=16)
+    assert_close(got, want, dtype, f"prefill gqa={gqa} block_size={block_size}")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_prefill_attention_head_dim_128_default_tiles(block_size):
+    query_lens, seq_lens = [40, 3, 1], [40, 3 + 2 * block_size, 130]
+    got, want = checks.check_prefill_attention(query_lens, seq_lens, 8, 2, 128, block_size, torch.bfloat16, DEVICE)
+    assert_close(got, want, torch.bfloat16, f"prefill head_dim=128 block_size={block_size}")
+
+
+# KV-cache write, RMSNorm, rotary
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("block_size", [8, 128])
+def test_store_kvcache(dtype, block_size):
+    got, want = checks.check_store_kvcache(20, 2, 64, block_size, dtype, DEVICE)
+    assert torch.equal(got, want)  # a copy: exact
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm(dtype, with_residual):
+    got, want = checks.check_rms_norm(6, 96, dtype, DEVICE, with_residual)  # 96: a row narrower than its block
+    assert_close(got, want, dtype, f"rms_norm residual={with_residual}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gqa", [1, 4])
+def test_rotary(dtype, gqa):
+    got, want = checks.check_rotary(5, 3 * gqa, 3, 64, dtype, DEVICE)  # 3 KV heads: a padded head tile
+    assert_close(got, want, dtype, f"rotary gqa={gqa}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rotary_with_llama31_scaled_table(dtype):
+    """The table as the model builds it, Llama 3.1 rope scaling included."""
+    from sut.config import ModelConfig
+    from sut.model import RotaryEmbedding
+
+    config = ModelConfig.from_dict(dict(
+        architectures=["LlamaForCausalLM"], vocab_size=32, hidden_size=512, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                                               high_freq_factor=4.0, original_max_position_embeddings=8192)))
+    assert config.rope_scaling is not None and config.head_dim == 128
+    rotary = RotaryEmbedding(config, "cpu")
+    positions = torch.tensor([0, 1, 2047, 4096, 8191])
+    cos, sin = rotary(positions, torch.float32)
+    got, want = checks.check_rotary(5, 4, 2, 128, dtype, DEVICE, cos=cos, sin=sin)
+    assert_close(got, want, dtype, "rotary with the Llama 3.1 table")
+
+
+# The engine on the Triton kernels
+
+def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama):
+    """Chunked prefill (prefill chunks after cached context, mixed steps) and decode-only steps
+    (the decode kernel): the same greedy tokens as the PyTorch ops."""
+    from sut import LLM, SamplingParams
+    from tests.conftest import random_prompts
+
+    prompts = random_prompts([1, 9, 30])
+    settings = dict(num_kv_blocks=32, max_num_batched_tokens=16, block_size=8, device=DEVICE)
+    outputs = {}
+    for kernels in ("torch", "triton"):
+        llm = LLM(tiny_llama[0], kernels=kernels, **settings)
+        assert llm.engine.runner.model.ops.name == kernels
+        outputs[kernels] = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=8))]
+    assert outputs["triton"] == outputs["torch"]
+
+
+def test_engine_default_is_torch_ops_on_cpu(tiny_llama):
+    from sut import LLM
+
+    llm = LLM(tiny_llama[0], num_kv_blocks=32, device="cpu")
+    assert llm.engine.runner.model.ops.name == "torch"
+
+
+# Compiling for a GPU without one
+
+def test_kernels_compile_for_sm90():
+    """The interpreter does not compile; this runs Triton's compiler (to sm_90 cubins, with the
+    ptxas that ships in the triton wheel) on exactly what the launchers launch."""
+    import triton.backends
+
+    if "nvidia" not in triton.backends.backends:
+        pytest.skip("this triton has no NVIDIA backend")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, str(REPO / "tests" / "compile_for_gpu.py")], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "kernel variants compiled for sm_90" in out.stdout
+
+
+# make gpu-check
+
+def triton_kernels_defined_in_kernels() -> set[str]:
+    names = set()
+    for path in (REPO / "kernels").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).startswith("triton.jit")
+                                                         for d in node.decorator_list):
+                names.add(node.name)
+    return names
+
+
+def test_gpu_check_covers_every_triton_kernel():
+    from kernels.gpu_check import CHECKS
+
+    covered = {kernel.fn.__name__ for _, _, kernels in CHECKS for kernel in kernels}
+    defined = triton_kernels_defined_in_kernels()
+    assert len(defined) >= 8
+    assert covered == defined, f"not in gpu_check: {defined - covered}; not in kernels/: {covered - defined}"
+
+
+def test_gpu_check_without_gpu_says_so_and_exits_0(tmp_path):
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-m", "kernels.gpu_check", "--out", str(tmp_path)], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "no CUDA GPU" in out.stdout
