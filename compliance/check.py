@@ -105,7 +105,8 @@ def check_system(path: Path, division: str, submitter: str, report: Report) -> N
         if key not in desc:
             report.fail(path, "system", f"required field {key!r} is missing")
     for key in SYSTEM_NONEMPTY_FIELDS:
-        if key in desc and str(desc[key]).strip() == "":
+        # As the official checker: any falsy value is empty, so a count of 0 must be written "0".
+        if key in desc and (not desc[key] or str(desc[key]).strip() == ""):
             report.fail(path, "system", f"required field {key!r} is empty")
     if str(desc.get("status", "")).lower() not in ("available", "preview", "rdi"):
         report.fail(path, "system", f"status {desc.get('status')!r} is not available, preview or rdi")

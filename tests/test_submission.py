@@ -188,6 +188,8 @@ DEFECTS = {
                                    r"accuracy.txt: \[accuracy-pattern\] numbers print as numpy reprs"),
     "empty required system field": (lambda org: _edit_system(org / "systems/tiny.json", cooling=""),
                                      r"tiny.json: \[system\] required field 'cooling' is empty"),
+    "a count of 0 as a number": (lambda org: _edit_system(org / "systems/tiny.json", accelerators_per_node=0),
+                                 r"tiny.json: \[system\] required field 'accelerators_per_node' is empty"),
     "division contradicted by the system file": (lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
                                                  r"\[system\] division 'closed' contradicts the path's division 'open'"),
 }
@@ -202,3 +204,15 @@ def test_each_planted_defect_is_caught_and_named(chain, tmp_path, defect):
     plant(copy / "open" / "TestOrg")
     errors = check_tree(copy, demo=True).errors
     assert any(re.search(message, e) for e in errors), (defect, errors)
+
+
+@pytest.mark.parametrize("system_file", sorted((REPO / "systems").glob("*.json")), ids=lambda p: p.stem)
+def test_repository_system_descriptions_pass_the_system_rules(system_file, tmp_path):
+    from compliance.check import Report, check_system
+
+    description = json.loads(system_file.read_text())
+    description.pop("saaf_harness")
+    (tmp_path / system_file.name).write_text(json.dumps(description))
+    report = Report(demo=False)
+    check_system(tmp_path / system_file.name, description["division"], description["submitter"], report)
+    assert report.errors == []
