@@ -1,7 +1,9 @@
 """Offline throughput benchmark: our engine against the MLPerf-style transformers reference.
 
     python -m sut.bench --model DIR [--num-prompts 64] [--max-new-tokens 128]
-                        [--hf-batch-size 16] [--hf-pad-to 1024] [--skip-hf]
+                        [--hf-batch-size 16] [--hf-pad-to 1024] [--dtype float32] [--skip-hf]
+
+Both run in the same dtype.
 
 Prompts are real English text (stdlib docstrings), so they need neither network nor a data set.
 """
@@ -87,7 +89,7 @@ def build_prompts(tokenizer, num_prompts):
     return prompts
 
 
-def run_hf_reference(model_dir, prompts, max_new_tokens, batch_size, pad_to):
+def run_hf_reference(model_dir, prompts, max_new_tokens, batch_size, pad_to, dtype):
     """The MLPerf reference SUT's way: static batches, each left-padded to a fixed length."""
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -96,7 +98,7 @@ def run_hf_reference(model_dir, prompts, max_new_tokens, batch_size, pad_to):
     eos_id = tokenizer.eos_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     outputs, seconds = [], 0.0
     for start in tqdm(range(0, len(prompts), batch_size), desc="HF batches"):
         batch = prompts[start:start + batch_size]
@@ -127,6 +129,7 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--hf-batch-size", type=int, default=16)
     ap.add_argument("--hf-pad-to", type=int, default=1024)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="run only our engine")
     args = ap.parse_args()
     # The cores this process may use (a container can have fewer than the host); not Linux: all.
@@ -138,7 +141,7 @@ def main():
     lens = [len(p) for p in prompts]
 
     from sut import LLM, SamplingParams
-    llm = LLM(args.model)
+    llm = LLM(args.model, dtype=args.dtype)
     t0 = time.perf_counter()
     ours = [list(o.token_ids) for o in llm.generate(
         prompts, SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens), use_tqdm=True)]
@@ -155,7 +158,7 @@ def main():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-    rows = [("prompts", f"{len(prompts)}"),
+    rows = [("dtype", args.dtype), ("prompts", f"{len(prompts)}"),
             ("prompt tokens mean / max", f"{sum(lens) / len(lens):.1f} / {max(lens)}"),
             ("ours: output tokens", f"{ours_tok}"),
             ("ours: output tok/s", f"{ours_tok / ours_s:.1f}  ({ours_s:.2f} s)"),
@@ -166,7 +169,7 @@ def main():
     summary = f"ours {ours_tok / ours_s:.1f} tok/s, KV utilization {kv_util:.3f}"
     if not args.skip_hf:
         hf, hf_s = run_hf_reference(args.model, prompts, args.max_new_tokens,
-                                    args.hf_batch_size, args.hf_pad_to)
+                                    args.hf_batch_size, args.hf_pad_to, getattr(torch, args.dtype))
         hf_tok = sum(map(len, hf))
         ratio = (ours_tok / ours_s) / (hf_tok / hf_s)
         # A static cache reserves pad_to + max_new_tokens slots per row, whatever the row uses.

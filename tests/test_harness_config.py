@@ -22,7 +22,7 @@ def test_demo_configuration_resolves():
     (("nosuch", "llama3.1-8b", "Offline", "performance"), "unknown system 'nosuch'"),
     (("cpu-demo", "llama3.1-8b", "MultiStream", "performance"), "unknown scenario 'MultiStream'"),
     (("cpu-demo", "llama3.1-8b", "Offline", "fast"), "unknown mode 'fast'"),
-    (("cpu-demo", "llama3.1-8b", "Interactive", "performance"), "Interactive/user.conf: user.conf not found"),
+    (("cpu-demo", "llama3.1-8b", "SingleStream", "performance"), "SingleStream/user.conf: user.conf not found"),
 ])
 def test_unknown_names(args, message):
     with pytest.raises(HarnessConfigError, match=message):
