@@ -163,6 +163,8 @@ S = "results/tiny/tiny-llama/Server"
 O = "results/tiny/tiny-llama/Offline"
 DEFECTS = {
     "missing required file": (lambda org: (org / S / "user.conf").unlink(), r"Server/user.conf: \[required-file\] missing"),
+    "missing required scenario": (lambda org: shutil.rmtree(org / S),
+                                  r"\[required-scenarios\] has \['Offline'\]; llama3.1-8b needs \['Offline'\] and one of"),
     "wrong seed": (lambda org: _set_detail_value(org / O / "performance/run_1/mlperf_log_detail.txt",
                                                  "effective_qsl_rng_seed", 12345),
                    r"\[seeds\] effective_qsl_rng_seed is 12345, not the v6.1 seed"),
