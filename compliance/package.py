@@ -23,13 +23,13 @@ import shutil
 from pathlib import Path
 
 from compliance import test06
+from compliance.check import BENCHMARK_RULES
 from harness.config import REPO, System
 
 # The official truncation step keeps the first and last 4 KiB of a results accuracy log.
 VIEWABLE_BYTES = 4096
 SRC_ITEMS = ("sut", "kernels", "harness", "accuracy", "compliance", "systems", "measurements", "Makefile",
              "pyproject.toml", "requirements.txt", "requirements-models.txt", "README.md")
-BENCHMARKS_WITH_TEST06 = {"llama3.1-8b", "llama2-70b-99.9", "deepseek-r1"}
 
 
 class PackagingError(RuntimeError):
@@ -45,10 +45,9 @@ def eos_token_ids(model_dir: Path) -> set[int]:
 def truncate_accuracy_log(src: Path, dst: Path) -> str:
     """Copy `src` to `dst` cut to its first and last 4 KiB; return the SHA-256 of the full file."""
     data = src.read_bytes()
-    if len(data) >= VIEWABLE_BYTES:
-        data = data[:VIEWABLE_BYTES] + b"\n\n...\n\n" + data[-VIEWABLE_BYTES:]
-    dst.write_bytes(data)
-    return hashlib.sha256(src.read_bytes()).hexdigest()
+    cut = data[:VIEWABLE_BYTES] + b"\n\n...\n\n" + data[-VIEWABLE_BYTES:] if len(data) >= VIEWABLE_BYTES else data
+    dst.write_bytes(cut)
+    return hashlib.sha256(data).hexdigest()
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -74,7 +73,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
                                    out / "accuracy" / "mlperf_log_accuracy.json")
     with open(out / "accuracy" / "accuracy.txt", "a") as f:
         f.write(f"\nhash={digest}\n")
-    if benchmark not in BENCHMARKS_WITH_TEST06:
+    if not BENCHMARK_RULES[benchmark].test06:
         return []
     if not (logs / "TEST06" / "mlperf_log_accuracy.json").is_file():
         raise PackagingError(f"{logs / 'TEST06'} has no mlperf_log_accuracy.json: run the TEST06 mode first")
