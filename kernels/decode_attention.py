@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import check_dot_dim, num_sms, upcast_dot_operands
+from kernels.triton_utils import attend_paged_keys, check_dot_dim, num_sms, upcast_dot_operands
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64  # keys per inner step
@@ -72,25 +72,11 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
     l = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        key_ok = pos < end
-        # Gather per token, so the tile size does not depend on the cache's block size.
-        block = tl.load(block_table + pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        offsets = block * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_token + kv_head * cache_stride_head
-        k = tl.load(k_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_H, BLOCK_N]
-        s = tl.where(key_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m = m_new
+    # Every head row sits at the last cached position, so the causal mask keeps just the keys < end.
+    last_pos = tl.zeros([BLOCK_H], tl.int32) + (context_len - 1)
+    m, l, acc = attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head * cache_stride_head,
+                                  start, end, last_pos, scale_log2, cache_stride_block, cache_stride_token, HEAD_DIM,
+                                  BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=True)
 
     # An empty split (context shorter than the splits) has l = 0: divide by 1 and give it lse -inf.
     out = acc / tl.where(l > 0, l, 1.0)[:, None]

@@ -19,9 +19,10 @@ import torch.nn.functional as F
 from kernels import checks
 from kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, decode_attention_triton
 from kernels.kv_cache import _store_kvcache_kernel
-from kernels.prefill_attention import _attend, _find_sequence, _prefill_kernel, prefill_attention_triton
+from kernels.prefill_attention import _find_sequence, _prefill_kernel, prefill_attention_triton
 from kernels.rms_norm import _rms_norm_kernel
 from kernels.rotary import _rotary_kernel, _rotate_heads
+from kernels.triton_utils import attend_paged_keys
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -122,8 +123,8 @@ def check_rotary(device) -> list[dict]:
 
 
 CHECKS = [
-    ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel]),
-    ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, _attend]),
+    ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel, attend_paged_keys]),
+    ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, attend_paged_keys]),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
     ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import check_dot_dim, upcast_dot_operands
+from kernels.triton_utils import attend_paged_keys, check_dot_dim, upcast_dot_operands
 
 LOG2E = 1.4426950408889634
 BLOCK_M = 128  # rows (query token x head in group) per program on a GPU
@@ -62,36 +62,6 @@ def _find_sequence(cu_seqlens_q_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _attend(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, start, end, row_pos, scale_log2,
-            cache_stride_block, cache_stride_token, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-            BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr, MASKED: tl.constexpr):
-    """Online-softmax update of (m, l, acc) with keys start .. end-1, BLOCK_N at a time. MASKED:
-    mask keys past `end` and past each row's position; without it every row sees every key."""
-    dims = tl.arange(0, HEAD_DIM)
-    for n0 in range(start, end, BLOCK_N):
-        pos = n0 + tl.arange(0, BLOCK_N)
-        key_ok = pos < end
-        # Gather per token, so the tile size does not depend on the cache's block size.
-        block = tl.load(block_table + pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
-        offsets = block * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_token + kv_head_offset
-        k = tl.load(k_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
-        if UPCAST_DOT:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N]
-        if MASKED:
-            s = tl.where(key_ok[None, :] & (pos[None, :] <= row_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m = m_new
-    return m, l, acc
-
-
-@triton.jit
 def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
                     scale_log2, num_seqs,
                     q_stride_token, q_stride_head, out_stride_token, out_stride_head,
@@ -132,12 +102,12 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlen
     # need no mask. The rest, up to the tile's last query position, are masked causally.
     unmasked_end = (context_len + first_token) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)
-    m, l, acc = _attend(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, 0, unmasked_end,
-                        row_pos, scale_log2, cache_stride_block, cache_stride_token,
-                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=False)
-    m, l, acc = _attend(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, unmasked_end, kv_end,
-                        row_pos, scale_log2, cache_stride_block, cache_stride_token,
-                        HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=True)
+    m, l, acc = attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset,
+                                  0, unmasked_end, row_pos, scale_log2, cache_stride_block, cache_stride_token,
+                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=False)
+    m, l, acc = attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset,
+                                  unmasked_end, kv_end, row_pos, scale_log2, cache_stride_block, cache_stride_token,
+                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=True)
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # padded rows have l = 0
     tl.store(out_ptr + q_rows[:, None] * out_stride_token + heads[:, None] * out_stride_head + dims[None, :],

@@ -1,7 +1,8 @@
-"""Small helpers shared by the Triton launchers."""
+"""Small helpers shared by the Triton kernels and their launchers."""
 
 import torch
 import triton
+import triton.language as tl
 
 
 def interpreting() -> bool:
@@ -29,3 +30,35 @@ def check_dot_dim(name: str, value: int) -> None:
     does not check, so check here to keep CPU tests honest)."""
     if value < 16 or value & (value - 1):
         raise ValueError(f"{name} must be a power of two >= 16 for tl.dot, got {value}")
+
+
+@triton.jit
+def attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, start, end, row_pos,
+                      scale_log2, cache_stride_block, cache_stride_token, HEAD_DIM: tl.constexpr,
+                      BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
+                      MASKED: tl.constexpr):
+    """Online-softmax update of (m, l, acc) with the paged keys start .. end-1 of one KV head,
+    BLOCK_N at a time (shared by the decode and prefill kernels). MASKED: mask keys past `end` and
+    past each row's position `row_pos`; without it every row sees every key."""
+    dims = tl.arange(0, HEAD_DIM)
+    for n0 in range(start, end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        key_ok = pos < end
+        # Gather per token, so the tile size does not depend on the cache's block size.
+        block = tl.load(block_table + pos // BLOCK_SIZE, mask=key_ok, other=0).to(tl.int64)
+        offsets = block * cache_stride_block + (pos % BLOCK_SIZE) * cache_stride_token + kv_head_offset
+        k = tl.load(k_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + offsets[:, None] + dims[None, :], mask=key_ok[:, None], other=0.0)
+        if UPCAST_DOT:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [rows, BLOCK_N]
+        if MASKED:
+            s = tl.where(key_ok[None, :] & (pos[None, :] <= row_pos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        m = m_new
+    return m, l, acc
