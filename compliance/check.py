@@ -17,6 +17,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from accuracy.accuracy_log import AccuracyLogError
 from accuracy.report import TARGETS, reference_targets
 from compliance import test06
 from compliance.audit import audit_values
@@ -201,10 +202,13 @@ def check_test06(scenario_dir: Path, rules: BenchmarkRules, scenario: str, repor
     if scenario != "Offline" and lines.get("First token check pass") == "Skipped":
         report.fail(verify_path, "TEST06", f"the first-token check was skipped in {scenario}")
     # Verify the logged responses again rather than trust the text.
-    _, failures = test06.verify(scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json", scenario,
-                                set(rules.eos_token_ids))
+    log = scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json"
+    try:
+        _, failures = test06.verify(log, scenario, set(rules.eos_token_ids))
+    except AccuracyLogError as e:
+        failures = [str(e)]
     for failure in failures:
-        report.fail(scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json", "TEST06", failure)
+        report.fail(log, "TEST06", failure)
 
 
 def check_scenario(scenario_dir: Path, rules: BenchmarkRules, targets: dict, report: Report) -> None:

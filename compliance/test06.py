@@ -11,7 +11,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from compliance.loadgen_logs import read_accuracy_samples
+from accuracy.accuracy_log import read_accuracy_entries
 
 AUDIT_CONFIG = Path(__file__).with_name("TEST06.audit.config")
 
@@ -43,7 +43,7 @@ def check_length(samples: list[dict]) -> str | None:
 
 def verify(accuracy_log: Path, scenario: str, eos_ids: set[int]) -> tuple[str, list[str]]:
     """`(verify_accuracy.txt text, failure messages)`."""
-    samples = read_accuracy_samples(accuracy_log)
+    samples = read_accuracy_entries(accuracy_log)
     failures = [] if samples else [f"{accuracy_log}: no samples were logged"]
     first = None if scenario == "Offline" else check_first_token(samples)
     eos, length = check_eos(samples, eos_ids), check_length(samples)
