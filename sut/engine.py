@@ -21,7 +21,7 @@ from sut.model_runner import ModelRunner
 from sut.sampler import sample
 from sut.sampling_params import SamplingParams
 from sut.scheduler import Scheduler
-from sut.sequence import Sequence, SequenceStatus
+from sut.sequence import Sequence
 
 
 @dataclass
