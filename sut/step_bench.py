@@ -1,0 +1,55 @@
+"""Time single engine steps: a decode step at several batch sizes, and a prefill of several prompt
+lengths. These bound what a Server run can meet: every decode step is part of each running
+request's time per output token.
+
+    python -m sut.step_bench --model DIR [--dtype float32|bfloat16]
+"""
+
+import argparse
+import statistics
+import time
+
+from sut import LLMEngine, SamplingParams
+
+PROMPT = list(range(100, 300))  # 200 ordinary token ids
+
+
+def decode_step_ms(engine: LLMEngine, batch: int, steps: int = 10) -> float:
+    params = SamplingParams(max_tokens=steps + 20, min_tokens=steps + 20)
+    for i in range(batch):
+        engine.add_request(PROMPT, params, request_id=f"decode-{batch}-{i}")
+    engine.step()  # the prefill of all of them (the budget holds it)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        engine.step()
+        times.append(time.perf_counter() - start)
+    while engine.has_unfinished():
+        engine.step()
+    return statistics.median(times) * 1000
+
+
+def prefill_ms(engine: LLMEngine, length: int) -> float:
+    engine.add_request(list(range(100, 100 + length)), SamplingParams(max_tokens=1), request_id=f"prefill-{length}")
+    start = time.perf_counter()
+    engine.step()
+    elapsed = time.perf_counter() - start
+    while engine.has_unfinished():
+        engine.step()
+    return elapsed * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = parser.parse_args()
+    engine = LLMEngine(args.model, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=4096)
+    for batch in (1, 4, 8, 16):
+        print(f"decode step, batch {batch:3d}: {decode_step_ms(engine, batch):7.1f} ms (median of 10)")
+    for length in (64, 128, 256, 512):
+        print(f"prefill of {length:3d} tokens: {prefill_ms(engine, length):7.1f} ms")
+
+
+if __name__ == "__main__":
+    main()
