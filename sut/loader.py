@@ -14,7 +14,7 @@ from torch import nn
 
 from sut.config import ModelConfig
 from sut.errors import CheckpointError
-from sut.model import LlamaForCausalLM, RotaryEmbedding
+from sut.model import FusedLinear, LlamaForCausalLM, RotaryEmbedding
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 
@@ -37,30 +37,56 @@ def weight_files(folder: Path) -> list[Path]:
     return files
 
 
+def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, tuple[str, int, torch.Size]]:
+    """Each checkpoint tensor name -> (model parameter, first row in it, shape in the checkpoint).
+    A fused layer's parameter takes its shards' tensors as row blocks, in order."""
+    layout = {}
+    for module_name, module in model.named_modules():
+        for leaf, param in module.named_parameters(recurse=False):
+            if not isinstance(module, FusedLinear):
+                layout[f"{module_name}.{leaf}"] = (f"{module_name}.{leaf}", 0, param.shape)
+                continue
+            parent, row = module_name.rpartition(".")[0], 0
+            for shard, rows in module.shards.items():
+                layout[f"{parent}.{shard}.{leaf}"] = (f"{module_name}.{leaf}", row, torch.Size([rows, *param.shape[1:]]))
+                row += rows
+    return layout
+
+
 def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
     folder = Path(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
-    expected = {name: p.shape for name, p in model.named_parameters()}
+    expected = checkpoint_layout(model)
     if config.tie_word_embeddings:
         del expected["lm_head.weight"]
     loaded: set[str] = set()
     for file in weight_files(folder):
         try:
             with safe_open(file, framework="pt", device="cpu") as f:
-                for name in f.keys():
-                    if name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
-                        continue
-                    if name not in expected:
-                        raise CheckpointError(f"{file}: unexpected tensor {name!r} for a Llama model")
+                names = list(f.keys())
+            for name in names:
+                if name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
+                    continue
+                if name not in expected:
+                    raise CheckpointError(f"{file}: unexpected tensor {name!r} for a Llama model")
+                param_name, row, shape = expected[name]
+                # One tensor per opening: the file's pages are mapped only while their tensor is
+                # copied, so peak memory stays about one copy of the weights.
+                with safe_open(file, framework="pt", device="cpu") as f:
                     tensor = f.get_tensor(name)
-                    if tensor.shape != expected[name]:
-                        raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                              f"config.json implies {tuple(expected[name])}")
-                    module_name, _, leaf = name.rpartition(".")
-                    param = nn.Parameter(tensor.to(device=device, dtype=dtype), requires_grad=False)
-                    setattr(model.get_submodule(module_name), leaf, param)
-                    loaded.add(name)
+                if tensor.shape != shape:
+                    raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                                          f"config.json implies {tuple(shape)}")
+                module_name, _, leaf = param_name.rpartition(".")
+                module = model.get_submodule(module_name)
+                param = getattr(module, leaf)
+                if param.is_meta:  # its first tensor: allocate it for real
+                    param = nn.Parameter(torch.empty(param.shape, device=device, dtype=dtype), requires_grad=False)
+                    setattr(module, leaf, param)
+                param[row:row + shape[0]].copy_(tensor)
+                loaded.add(name)
+                del tensor
         except SafetensorError as e:
             raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
     missing = sorted(set(expected) - loaded)

@@ -1,6 +1,7 @@
 """The Llama architecture (Llama 2, Llama 3/3.1, SmolLM2): GQA attention over the paged KV cache,
 SwiGLU MLP, RMSNorm, rotary embeddings with Llama 3.1's scaling. Parameter names follow Hugging
-Face's, so checkpoints load as they are. Numerics follow transformers' implementation (norms in
+Face's, except that q/k/v and gate/up are fused into one GEMM each (FusedLinear); the loader fills
+those from the checkpoint's separate tensors. Numerics follow transformers' implementation (norms in
 fp32, rope tables in fp32), which is what makes greedy output token-identical to it. The norms,
 rope, KV-cache write and attention go through `self.ops` (kernels.KernelOps: the PyTorch ops or
 our Triton kernels, set by the runner)."""
@@ -60,23 +61,35 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
+class FusedLinear(nn.Linear):
+    """Several of the checkpoint's linear layers over the same input, stacked along the output:
+    `shards` maps each one's name (e.g. "q_proj") to its output size, in row order."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool):
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self.shards = shards
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
         bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        # q, k and v in one GEMM (one weight read, one call); the loader fills its row blocks
+        # from the checkpoint's q_proj, k_proj and v_proj.
+        self.qkv_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
+        self.qkv_proj = FusedLinear(config.hidden_size, {"q_proj": self.qkv_sizes[0], "k_proj": self.qkv_sizes[1],
+                                                         "v_proj": self.qkv_sizes[2]}, bias)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.scale = self.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)  # views into the runner's KV pool
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps):
         n = x.shape[0]
-        q = self.q_proj(x).view(n, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(n, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(n, self.num_kv_heads, self.head_dim)
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
         q, k = ops.rotary(q, k, *rope)
         ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = ops.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
@@ -87,12 +100,13 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.mlp_bias
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=bias)
+        self.gate_up_proj = FusedLinear(config.hidden_size, {"gate_proj": config.intermediate_size,
+                                                             "up_proj": config.intermediate_size}, bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
     def forward(self, x):
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(nn.functional.silu(gate) * up)
 
 
 class LlamaDecoderLayer(nn.Module):

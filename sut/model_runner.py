@@ -10,6 +10,7 @@ import torch
 from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
 from kernels.triton_utils import interpreting
 from sut.config import EngineConfig, ModelConfig
+from sut.cpu_linear import pack_linears
 from sut.errors import ConfigError
 from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
@@ -41,6 +42,8 @@ class ModelRunner:
             keep_freed_memory_in_heap()
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
+        if device.type == "cpu":
+            pack_linears(self.model)
         # The one backend switch. Triton on a CPU device works only in Triton's interpreter
         # (TRITON_INTERPRET=1): that is for tests, far too slow to serve.
         use_triton = config.kernels == "triton" or (config.kernels == "auto" and device.type == "cuda")

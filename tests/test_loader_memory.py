@@ -17,7 +17,10 @@ before = rss()
 model = load_model(folder, config, torch.float32, torch.device("cpu"))
 for p in model.parameters():  # touch every weight: lazily mapped pages count once read
     p.sum()
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+# VmHWM, not getrusage's ru_maxrss: that one survives fork and exec, so it would report the
+# parent's peak when the parent (this test session) is the larger process.
+with open("/proc/self/status") as f:
+    peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
 weights = sum(p.numel() * p.element_size() for p in {id(p): p for p in model.parameters()}.values())
 print(before, peak, weights)
 """
