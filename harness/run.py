@@ -50,7 +50,7 @@ def run(cfg: RunConfig) -> str:
     # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
     audit_config = str(test06.AUDIT_CONFIG if cfg.mode == "TEST06" else cfg.log_dir / "no-audit.config")
     try:
-        lg.StartTestWithLogSettings(sut.handle, qsl, settings, log_settings, audit_config)
+        sut.run_test(qsl, settings, log_settings, audit_config)
     finally:
         sut.close()
         lg.DestroyQSL(qsl)

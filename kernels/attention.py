@@ -107,11 +107,14 @@ class _Sequence:
 
 def _plan(meta: AttentionMetadata, block_size: int, device) -> list:
     """The per-step work list of the reference, shared by every layer: decodes in groups of
-    DECODE_GROUP (one SDPA call each; a group's gathered K/V stays small enough to be read back
-    from cache, ~5x faster on CPU than one call for all), other sequences one by one."""
+    DECODE_GROUP of similar length (one SDPA call each; a group's gathered K/V stays small enough
+    to be read back from cache, ~5x faster on CPU than one call for all), other sequences one by
+    one."""
     plan: list = []
     decodes = [i for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
                if q_len == 1 and seq_len > 1]
+    # Grouped by length: a group gathers and attends over its longest context.
+    decodes.sort(key=lambda i: meta.seq_lens_host[i])
     for g in range(0, len(decodes), DECODE_GROUP):
         group = decodes[g:g + DECODE_GROUP]
         rows = torch.tensor(group, device=device)

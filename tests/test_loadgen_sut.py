@@ -34,7 +34,7 @@ def run_loadgen(tiny_llama, prompts, tmp_path, scenario, mode, engine=None, **se
     log_settings = lg.LogSettings()
     log_settings.log_output.outdir = str(tmp_path)
     log_settings.log_output.copy_summary_to_stdout = False
-    lg.StartTestWithLogSettings(sut.handle, qsl, settings, log_settings)
+    sut.run_test(qsl, settings, log_settings)
     sut.close()
     lg.DestroyQSL(qsl)
     return sut.errors
