@@ -1,8 +1,8 @@
 """LoadGen system-under-test adapters over the online engine.
 
 LoadGen runs in a helper thread and the engine steps in the calling thread (`EngineSUT.run_test`):
-torch's CPU ops ran ~35% slower in a thread other than the main one (a decode step at batch 4:
-38 ms in the main thread, 53 ms in another). Offline puts every sample of LoadGen's one
+torch's CPU ops run slower in a thread other than the main one (`python -m sut.step_bench --thread`:
+a decode step at batch 4 took 53 ms against 37 ms in the main thread). Offline puts every sample of LoadGen's one
 query into the engine at once and completes each sample the moment it finishes. Server (and
 Interactive, which is LoadGen's Server scenario with other limits) adds each query as it arrives,
 reports the first token with FirstTokenComplete the moment it is sampled, then completes the
