@@ -129,6 +129,7 @@ class EngineConfig:
 
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64  # running sequences at most
+    decode_steps_after_chunk: int = 0  # decode-only steps after each prefill-chunk step (scheduler.py)
     max_model_len: int | None = None  # prompt + output tokens; default: the model's maximum
     block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # pool size; default: sized from kv_cache_memory_gb
@@ -139,6 +140,7 @@ class EngineConfig:
     device: str = "auto"  # "auto" = cuda when available, else cpu
     kernels: str = "auto"  # "auto" = our Triton kernels on CUDA, the PyTorch ops on CPU; or "triton" / "torch"
     seed: int = 0  # for sampled requests without their own seed
+    gguf_blocks: bool = True  # CPU fp32: small batches computed from the folder's GGUF blocks (sut/cpu_quant.py)
 
     @staticmethod
     def from_kwargs(**kwargs) -> "EngineConfig":
@@ -155,12 +157,17 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine setting {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.decode_steps_after_chunk, int) or self.decode_steps_after_chunk < 0:
+            raise ConfigError("engine setting decode_steps_after_chunk must be a non-negative integer, "
+                              f"got {self.decode_steps_after_chunk!r}")
         for name in ("max_model_len", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"engine setting {name} must be a positive integer or None, got {value!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
+        if not isinstance(self.gguf_blocks, bool):
+            raise ConfigError(f"engine setting gguf_blocks must be true or false, got {self.gguf_blocks!r}")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"engine setting dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):

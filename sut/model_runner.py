@@ -11,6 +11,7 @@ from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
 from kernels.triton_utils import interpreting
 from sut.config import EngineConfig, ModelConfig
 from sut.cpu_linear import pack_linears
+from sut.cpu_quant import attach_gguf_blocks
 from sut.errors import ConfigError
 from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
@@ -43,6 +44,8 @@ class ModelRunner:
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
         if device.type == "cpu":
+            if config.gguf_blocks:
+                attach_gguf_blocks(self.model, model_path)  # before packing: it checks the dense weights
             pack_linears(self.model)
         # The one backend switch. Triton on a CPU device works only in Triton's interpreter
         # (TRITON_INTERPRET=1): that is for tests, far too slow to serve.

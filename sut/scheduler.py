@@ -5,6 +5,12 @@ prompt for a prefill (cut to the budget, so long prompts go in chunks). Decodes 
 unfinished prefills, then waiting requests are admitted. When the KV pool runs out, the most
 recently admitted sequence is preempted: its blocks are freed and it is recomputed later from
 its prompt and the tokens it already produced, so its output does not change.
+
+A step that carries a prefill chunk costs far more than a decode step, and every sequence
+decoding meanwhile waits for it. With `decode_steps_after_chunk` = k, such a step is followed by
+k decode-only steps whenever any sequence is decoding, so a decoding request's time per output
+token averages one chunk step with at least k cheap ones: a bound on TPOT that holds under bursts
+of arrivals, paid for with slower prefill while decodes run (the latency-bound Server setting).
 """
 
 from collections import deque
@@ -28,6 +34,8 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        self.decode_steps_after_chunk = config.decode_steps_after_chunk
+        self.decode_only_steps_left = 0
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -45,8 +53,11 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted = False
+        decode_only = self.decode_only_steps_left > 0 and any(s.num_uncomputed_tokens == 1 for s in self.running)
+        if decode_only:
+            self.decode_only_steps_left -= 1
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):  # decodes first
-            if budget == 0:
+            if budget == 0 or (decode_only and seq.num_uncomputed_tokens > 1):
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
@@ -63,7 +74,7 @@ class Scheduler:
                 scheduled[seq] = n
                 budget -= n
         # Admit waiting requests only when nothing was preempted: there is room to spare.
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while not preempted and not decode_only and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.block_manager.match_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget)
@@ -77,6 +88,9 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
         self._track_peak(scheduled)
+        if not decode_only:
+            chunked = any(n > 1 or s.num_computed_tokens + n < s.num_tokens for s, n in scheduled.items())
+            self.decode_only_steps_left = self.decode_steps_after_chunk if chunked else 0
         return ScheduledBatch(list(scheduled), list(scheduled.values()))
 
     def preempt(self, seq: Sequence) -> None:

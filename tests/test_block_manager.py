@@ -130,3 +130,32 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
     assert bm.num_free_blocks == 24
     bm.check_invariants([])
     assert sched.num_preemptions > 0, "the pool is small enough that every trial preempts"
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_decode_steps_after_chunk(k):
+    """With decode_steps_after_chunk = k, each step carrying a prefill chunk is followed by k
+    decode-only steps while anything decodes; with nothing decoding, prefill goes on at once."""
+    config = EngineConfig(max_num_batched_tokens=8, max_num_seqs=8, block_size=4, decode_steps_after_chunk=k)
+    bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
+    sched = Scheduler(config, bm)
+    first = seq(list(range(6)), request_id=0, max_tokens=40)
+    sched.add(first)
+    kinds = []
+    for step in range(24):
+        if step == 2:  # a long prompt arrives while the first request decodes
+            sched.add(seq(list(range(30)), request_id=1, max_tokens=40))
+        batch = sched.schedule()
+        kinds.append("chunk" if any(n > 1 for n in batch.num_new_tokens) else "decode")
+        for s, n in zip(batch.seqs, batch.num_new_tokens):
+            compute(s, n, bm)
+            if s.num_computed_tokens == s.num_tokens:
+                s.output_token_ids.append(7)
+    # Step 0 is the first prompt alone: nothing decodes during it, so step 1 decodes only because
+    # nothing else waits. The second prompt's 30 tokens then take chunks of at most 7 tokens (one
+    # decode shares the budget of 8), each followed by k decode-only steps.
+    assert kinds[0] == "chunk" and kinds[1] == "decode"
+    chunk_steps = [i for i, kind in enumerate(kinds) if kind == "chunk" and i >= 2]
+    assert len(chunk_steps) == 5  # 7 + 7 + 7 + 7 + 2 tokens
+    for a, b in zip(chunk_steps, chunk_steps[1:]):
+        assert b - a == k + 1

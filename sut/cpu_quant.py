@@ -1,0 +1,219 @@
+"""Small-batch CPU linears computed from the checkpoint's GGUF blocks (Q4_1 and Q8_0).
+
+The demo model comes as a GGUF file whose linear layers are Q4_1 and whose embedding (tied to
+the LM head) is Q8_0; `sut.convert_gguf` writes the fp32 checkpoint from them and keeps the raw
+blocks beside it in GGUF_BLOCKS_FILE. Rebuilt in fp32, a block gives back the checkpoint's
+weights bit for bit (checked at load), so computing from the blocks changes only the order of
+the sums, as any other GEMM would. What changes is the bytes read: a decode step is bound by
+reading the weights, and the blocks are 6.4x (Q4_1) and 3.8x (Q8_0) smaller than fp32.
+
+The kernels (cpu_quant.c) are compiled with the system's C compiler on first use and cached.
+Their compute is fp32 FMA, so for more than BLOCK_ROWS_MAX rows oneDNN's packed fp32 GEMM is
+faster and each layer switches to it. Without a compiler the engine runs the fp32 path alone.
+"""
+
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+
+from sut.errors import CheckpointError
+from sut.model import FusedLinear
+
+GGUF_BLOCKS_FILE = "gguf-blocks.safetensors"
+BLOCK = 32  # weights per block in both formats
+BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
+# Up to this many rows the block kernels beat oneDNN's fp32 GEMM on the 2-core demo machine
+# (`python -m sut.step_bench`, decode steps at batch 1-16, with and without blocks).
+BLOCK_ROWS_MAX = 8
+
+SOURCE = Path(__file__).with_name("cpu_quant.c")
+CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser() / "build"
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return platform.processor()
+
+
+_library: ctypes.CDLL | None = None
+_library_error: str | None = None
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled kernels, built once per source, flags and CPU; None (with a warning, once)
+    when they cannot be built here."""
+    global _library, _library_error
+    if _library is not None or _library_error is not None:
+        return _library
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    path = _cache_dir() / f"cpu_quant-{platform.machine()}-{key}.so"
+    try:
+        if not path.is_file():
+            if compiler is None:
+                raise RuntimeError("no C compiler (cc) on PATH")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            done = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
+            os.replace(tmp, path)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError) as e:
+        _library_error = str(e)
+        warnings.warn(f"sut.cpu_quant: block kernels unavailable ({e}); CPU linears use fp32 weights only")
+        return None
+    ptr, i64 = ctypes.c_void_p, ctypes.c_long
+    lib.q4_1_matmul.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
+    lib.q8_0_matmul.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
+    lib.q4_1_matmul.restype = lib.q8_0_matmul.restype = ctypes.c_int
+    _library = lib
+    return lib
+
+
+@dataclass
+class BlockWeights:
+    """One weight matrix [rows, cols] in GGUF blocks, split for the kernels: codes `qs` (uint8,
+    [rows, cols / 2] packed nibbles for Q4_1, [rows, cols] int8 for Q8_0), scales `d` and, for
+    Q4_1, minimums `m` (fp32, [rows, cols / 32])."""
+
+    format: str
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor | None
+
+    @staticmethod
+    def from_raw(raw: torch.Tensor, format: str) -> "BlockWeights":
+        """From the file's bytes, uint8 [rows, cols / 32, BLOCK_BYTES[format]]."""
+        d = raw[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
+        if format == "Q4_1":
+            m = raw[..., 2:4].contiguous().view(torch.float16)[..., 0].float()
+            return BlockWeights(format, raw[..., 4:].reshape(raw.shape[0], -1).contiguous(), d, m)
+        return BlockWeights(format, raw[..., 2:].reshape(raw.shape[0], -1).contiguous(), d, None)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.d.shape[0], self.d.shape[1] * BLOCK
+
+    def dequantize(self) -> torch.Tensor:
+        """The fp32 weights, as gguf computes them (d * q exact, one rounding for + m)."""
+        rows, cols = self.shape
+        if self.format == "Q4_1":
+            q = self.qs.view(rows, -1, 1, BLOCK // 2)
+            q = torch.cat((q & 15, q >> 4), dim=2).reshape(rows, -1, BLOCK).float()
+            return (self.d[..., None] * q + self.m[..., None]).reshape(rows, cols)
+        q = self.qs.view(torch.int8).view(rows, -1, BLOCK).float()
+        return (self.d[..., None] * q).reshape(rows, cols)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """`x [M, cols] @ W^T` (fp32, contiguous) with the compiled kernel."""
+        rows, cols = self.shape
+        y = torch.empty(x.shape[0], rows)
+        lib = library()
+        if self.format == "Q4_1":
+            rc = lib.q4_1_matmul(x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), y.data_ptr(),
+                                 x.shape[0], rows, cols)
+        else:
+            rc = lib.q8_0_matmul(x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
+        if rc != 0:
+            raise RuntimeError(f"cpu_quant: {self.format} kernel failed with code {rc}")
+        return y
+
+
+class BlockQuantLinear(nn.Module):
+    """A linear layer that computes from its blocks for at most BLOCK_ROWS_MAX rows and from its
+    dense weights (`dense`, packed for oneDNN by the runner) otherwise."""
+
+    def __init__(self, dense: nn.Linear, blocks: BlockWeights):
+        super().__init__()
+        self.dense, self.blocks = dense, blocks
+        self.out_features = dense.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        if flat.shape[0] > BLOCK_ROWS_MAX:
+            return self.dense(x)
+        y = self.blocks.matmul(flat.contiguous())
+        if self.dense.bias is not None:
+            y += self.dense.bias
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def _checkpoint_names(model: nn.Module, name: str, module: nn.Linear) -> list[str]:
+    """The checkpoint tensors a linear layer's weight is made of, in row order."""
+    if isinstance(module, FusedLinear):
+        parent = name.rpartition(".")[0]
+        return [f"{parent}.{shard}.weight" for shard in module.shards]
+    if name == "lm_head" and model.config.tie_word_embeddings:
+        return ["model.embed_tokens.weight"]
+    return [f"{name}.weight"]
+
+
+def attach_gguf_blocks(model: nn.Module, folder: str | Path) -> int:
+    """Wrap each fp32 CPU linear of `model` whose weights GGUF_BLOCKS_FILE in `folder` holds in a
+    BlockQuantLinear; return how many. Call before the linears are packed (the check needs the
+    dense weights). Does nothing when the file is absent or the kernels cannot be built."""
+    path = Path(folder) / GGUF_BLOCKS_FILE
+    if not path.is_file() or library() is None:
+        return 0
+    targets = [(name, m) for name, m in model.named_modules()
+               if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+    try:
+        with safe_open(path, framework="pt") as f:
+            formats = json.loads((f.metadata() or {}).get("formats", "{}"))
+            stored = set(f.keys())
+            count = 0
+            for name, linear in targets:
+                names = _checkpoint_names(model, name, linear)
+                if not all(n in stored for n in names) or len({formats.get(n) for n in names}) != 1:
+                    continue
+                fmt = formats[names[0]]
+                if fmt not in BLOCK_BYTES:
+                    raise CheckpointError(f"{path}: tensor {names[0]} has unknown block format {fmt!r}")
+                raw = torch.cat([f.get_tensor(n) for n in names])
+                if raw.dtype != torch.uint8 or raw.dim() != 3 or raw.shape[2] != BLOCK_BYTES[fmt]:
+                    raise CheckpointError(f"{path}: tensor {names[0]} is not uint8 [rows, blocks, {BLOCK_BYTES[fmt]}] "
+                                          f"{fmt} blocks (got {raw.dtype} {list(raw.shape)})")
+                blocks = BlockWeights.from_raw(raw, fmt)
+                if blocks.shape != tuple(linear.weight.shape) or not torch.equal(blocks.dequantize(), linear.weight):
+                    raise CheckpointError(f"{path}: the {fmt} blocks of {', '.join(names)} do not rebuild the "
+                                          f"checkpoint's fp32 weights exactly; reconvert the model folder")
+                parent, _, leaf = name.rpartition(".")
+                setattr(model.get_submodule(parent), leaf, BlockQuantLinear(linear, blocks))
+                count += 1
+    except (SafetensorError, OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: cannot read GGUF blocks ({e})") from e
+    return count
+
+
+def write_gguf_blocks(tensors: dict[str, tuple[torch.Tensor, str]], path: Path) -> None:
+    """Write {checkpoint name: (raw uint8 blocks, format)} as GGUF_BLOCKS_FILE (used by convert_gguf)."""
+    from safetensors.torch import save_file
+
+    save_file({n: raw.contiguous() for n, (raw, _) in tensors.items()}, str(path),
+              metadata={"formats": json.dumps({n: fmt for n, (_, fmt) in tensors.items()})})
+
+
+if __name__ == "__main__":  # build the kernels ahead of time: python -m sut.cpu_quant
+    sys.exit(0 if library() is not None else 1)
