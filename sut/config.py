@@ -129,7 +129,7 @@ class EngineConfig:
 
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64  # running sequences at most
-    decode_steps_after_chunk: int = 0  # decode-only steps after each prefill-chunk step (scheduler.py)
+    tpot_target_ms: float | None = None  # no prefill in a step that could push a decode's TPOT past it (scheduler.py)
     max_model_len: int | None = None  # prompt + output tokens; default: the model's maximum
     block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # pool size; default: sized from kv_cache_memory_gb
@@ -157,9 +157,9 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine setting {name} must be a positive integer, got {value!r}")
-        if not isinstance(self.decode_steps_after_chunk, int) or self.decode_steps_after_chunk < 0:
-            raise ConfigError("engine setting decode_steps_after_chunk must be a non-negative integer, "
-                              f"got {self.decode_steps_after_chunk!r}")
+        if self.tpot_target_ms is not None and (isinstance(self.tpot_target_ms, bool) or
+                                                not isinstance(self.tpot_target_ms, (int, float)) or self.tpot_target_ms <= 0):
+            raise ConfigError(f"engine setting tpot_target_ms must be a positive number or None, got {self.tpot_target_ms!r}")
         for name in ("max_model_len", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

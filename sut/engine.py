@@ -8,6 +8,7 @@ callback raises is finished alone with an error; neither disturbs the others.
 import itertools
 import operator
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,14 +127,19 @@ class LLMEngine:
                 seq = self._live.get(item)
                 if seq is not None and not seq.is_finished:
                     self._finish(seq, "abort", finished)
-        batch = self.scheduler.schedule()
+        start = time.perf_counter()
+        batch = self.scheduler.schedule(start)
         if batch:
             logits, sample_seqs = self.runner.run(batch)
             for seq, n in zip(batch.seqs, batch.num_new_tokens):
                 seq.num_computed_tokens += n
                 self.block_manager.cache_computed_blocks(seq)
             tokens = sample(logits, sample_seqs, self.eos_token_ids, self.default_generator) if sample_seqs else []
+            now = time.perf_counter()
+            self.scheduler.record_step(batch, now - start)
             for seq, token in zip(sample_seqs, tokens):
+                if seq.first_token_time is None:
+                    seq.first_token_time = now
                 self._append_token(seq, token, finished)
         return [self._output(seq) for seq in finished]
 

@@ -7,10 +7,11 @@ recently admitted sequence is preempted: its blocks are freed and it is recomput
 its prompt and the tokens it already produced, so its output does not change.
 
 A step that carries a prefill chunk costs far more than a decode step, and every sequence
-decoding meanwhile waits for it. With `decode_steps_after_chunk` = k, such a step is followed by
-k decode-only steps whenever any sequence is decoding, so a decoding request's time per output
-token averages one chunk step with at least k cheap ones: a bound on TPOT that holds under bursts
-of arrivals, paid for with slower prefill while decodes run (the latency-bound Server setting).
+decoding meanwhile waits for it. With a `tpot_target_ms`, a step carries no prefill when a
+decoding sequence's time per output token (since its first token) would exceed the target if
+this step cost as much as the last chunk step and the sequence ended right after it: young
+decodes first bank the slack that a chunk step uses up. That bounds every request's TPOT, under
+bursts of arrivals too, and otherwise lets prefill through at once (the Server setting).
 """
 
 from collections import deque
@@ -34,8 +35,8 @@ class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager):
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
-        self.decode_steps_after_chunk = config.decode_steps_after_chunk
-        self.decode_only_steps_left = 0
+        self.tpot_target_s = None if config.tpot_target_ms is None else config.tpot_target_ms / 1000
+        self.last_chunk_step_s = 0.0  # how long the last step that carried a prefill chunk took
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -49,13 +50,11 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, now: float = 0.0) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted = False
-        decode_only = self.decode_only_steps_left > 0 and any(s.num_uncomputed_tokens == 1 for s in self.running)
-        if decode_only:
-            self.decode_only_steps_left -= 1
+        decode_only = self._chunk_would_miss_tpot(now)
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):  # decodes first
             if budget == 0 or (decode_only and seq.num_uncomputed_tokens > 1):
                 break
@@ -88,10 +87,23 @@ class Scheduler:
             scheduled[seq] = n
             budget -= n
         self._track_peak(scheduled)
-        if not decode_only:
-            chunked = any(n > 1 or s.num_computed_tokens + n < s.num_tokens for s, n in scheduled.items())
-            self.decode_only_steps_left = self.decode_steps_after_chunk if chunked else 0
         return ScheduledBatch(list(scheduled), list(scheduled.values()))
+
+    def _chunk_would_miss_tpot(self, now: float) -> bool:
+        """Whether a decoding sequence's time per output token would exceed the target if this step
+        carried a chunk as costly as the last one and the sequence ended right after it."""
+        if self.tpot_target_s is None:
+            return False
+        for s in self.running:
+            if s.first_token_time is not None and s.num_uncomputed_tokens == 1:
+                if now - s.first_token_time + self.last_chunk_step_s > self.tpot_target_s * len(s.output_token_ids):
+                    return True
+        return False
+
+    def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
+        """Called by the engine after each step with its duration."""
+        if any(n > 1 for n in batch.num_new_tokens):
+            self.last_chunk_step_s = seconds
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -36,6 +36,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
         self.num_preemptions = 0
+        self.first_token_time: float | None = None  # time.perf_counter() when its first token came
         self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"
         self.error: str | None = None
 

@@ -132,30 +132,38 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
     assert sched.num_preemptions > 0, "the pool is small enough that every trial preempts"
 
 
-@pytest.mark.parametrize("k", [0, 1, 3])
-def test_decode_steps_after_chunk(k):
-    """With decode_steps_after_chunk = k, each step carrying a prefill chunk is followed by k
-    decode-only steps while anything decodes; with nothing decoding, prefill goes on at once."""
-    config = EngineConfig(max_num_batched_tokens=8, max_num_seqs=8, block_size=4, decode_steps_after_chunk=k)
+@pytest.mark.parametrize("target_ms", [None, 100])
+def test_tpot_target_holds_back_prefill_for_young_decodes(target_ms):
+    """With tpot_target_ms, a step carries prefill only when no decoding request's time per output
+    token could pass the target by it; run on a fake clock (decode steps 30 ms, steps with
+    prefill 150 ms), the decoding request's TPOT stays under the target after every step, and
+    the long prompt that arrives meanwhile still gets all its chunks."""
+    config = EngineConfig(max_num_batched_tokens=8, max_num_seqs=8, block_size=4, tpot_target_ms=target_ms)
     bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
     sched = Scheduler(config, bm)
-    first = seq(list(range(6)), request_id=0, max_tokens=40)
+    first, second = seq(list(range(6)), request_id=0, max_tokens=60), seq(list(range(40)), request_id=1, max_tokens=5)
     sched.add(first)
-    kinds = []
-    for step in range(24):
-        if step == 2:  # a long prompt arrives while the first request decodes
-            sched.add(seq(list(range(30)), request_id=1, max_tokens=40))
-        batch = sched.schedule()
-        kinds.append("chunk" if any(n > 1 for n in batch.num_new_tokens) else "decode")
+    clock, kinds, worst_tpot = 0.0, [], 0.0
+    for step in range(60):
+        if step == 2:
+            sched.add(second)
+        batch = sched.schedule(clock)
+        chunk = any(n > 1 for n in batch.num_new_tokens)
+        kinds.append("chunk" if chunk else "decode")
+        clock += 0.150 if chunk else 0.030
+        sched.record_step(batch, 0.150 if chunk else 0.030)
         for s, n in zip(batch.seqs, batch.num_new_tokens):
             compute(s, n, bm)
             if s.num_computed_tokens == s.num_tokens:
                 s.output_token_ids.append(7)
-    # Step 0 is the first prompt alone: nothing decodes during it, so step 1 decodes only because
-    # nothing else waits. The second prompt's 30 tokens then take chunks of at most 7 tokens (one
-    # decode shares the budget of 8), each followed by k decode-only steps.
-    assert kinds[0] == "chunk" and kinds[1] == "decode"
-    chunk_steps = [i for i, kind in enumerate(kinds) if kind == "chunk" and i >= 2]
-    assert len(chunk_steps) == 5  # 7 + 7 + 7 + 7 + 2 tokens
-    for a, b in zip(chunk_steps, chunk_steps[1:]):
-        assert b - a == k + 1
+                if s.first_token_time is None:
+                    s.first_token_time = clock
+        if len(first.output_token_ids) > 1:
+            worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
+    assert second.num_computed_tokens >= 40, "the second prompt was starved"
+    if target_ms is None:  # chunks back to back from step 2: 40 tokens, 7 per step beside the decode
+        assert kinds[2:8] == ["chunk"] * 6
+        assert worst_tpot > 0.1
+    else:
+        assert "decode" in kinds[2:8]  # some chunks waited for the young decode to bank slack
+        assert worst_tpot <= 0.1

@@ -22,8 +22,8 @@ def record_batches(llm):
     steps = []
     schedule = llm.engine.scheduler.schedule
 
-    def recording():
-        batch = schedule()
+    def recording(now):
+        batch = schedule(now)
         steps.append([(s.request_id, n, s.num_uncomputed_tokens) for s, n in zip(batch.seqs, batch.num_new_tokens)])
         return batch
 
