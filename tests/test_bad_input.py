@@ -137,6 +137,11 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
         LLM(tiny_llama[0], block_size=12)
     with pytest.raises(ConfigError, match="cannot hold one sequence"):
         LLM(tiny_llama[0], num_kv_blocks=2, block_size=4)
+    for bad in (0, -5, "88", True):
+        with pytest.raises(ConfigError, match="tpot_target_ms must be a positive number"):
+            LLM(tiny_llama[0], tpot_target_ms=bad)
+    with pytest.raises(ConfigError, match="gguf_blocks must be true or false, got 'yes'"):
+        LLM(tiny_llama[0], gguf_blocks="yes")
 
 
 def test_generate_validates_everything_before_running(tiny_llama):
