@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-from sut.cpu_quant import GGUF_BLOCKS_FILE, write_gguf_blocks
+from sut.cpu_quant import write_gguf_blocks
+from sut.loader import GGUF_BLOCKS_FILE
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"

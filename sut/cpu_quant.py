@@ -28,9 +28,9 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from sut.errors import CheckpointError
+from sut.loader import GGUF_BLOCKS_FILE, checkpoint_layout
 from sut.model import FusedLinear
 
-GGUF_BLOCKS_FILE = "gguf-blocks.safetensors"
 BLOCK = 32  # weights per block in both formats
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
 # Up to this many rows the block kernels beat oneDNN's fp32 GEMM on the 2-core demo machine
@@ -159,14 +159,15 @@ class BlockQuantLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
 
-def _checkpoint_names(model: nn.Module, name: str, module: nn.Linear) -> list[str]:
-    """The checkpoint tensors a linear layer's weight is made of, in row order."""
-    if isinstance(module, FusedLinear):
-        parent = name.rpartition(".")[0]
-        return [f"{parent}.{shard}.weight" for shard in module.shards]
-    if name == "lm_head" and model.config.tie_word_embeddings:
-        return ["model.embed_tokens.weight"]
-    return [f"{name}.weight"]
+def _checkpoint_names(model: nn.Module) -> dict[str, list[str]]:
+    """Each weight parameter -> the checkpoint tensors it is made of, in row order (a tied LM head
+    is the embedding's)."""
+    by_param: dict[str, list[str]] = {}
+    for name, (param, _, _) in sorted(checkpoint_layout(model).items(), key=lambda item: item[1][1]):
+        by_param.setdefault(param, []).append(name)
+    if model.config.tie_word_embeddings:
+        by_param["lm_head.weight"] = ["model.embed_tokens.weight"]
+    return by_param
 
 
 def attach_gguf_blocks(model: nn.Module, folder: str | Path) -> int:
@@ -178,13 +179,14 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path) -> int:
         return 0
     targets = [(name, m) for name, m in model.named_modules()
                if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+    checkpoint_names = _checkpoint_names(model)
     try:
         with safe_open(path, framework="pt") as f:
             formats = json.loads((f.metadata() or {}).get("formats", "{}"))
             stored = set(f.keys())
             count = 0
             for name, linear in targets:
-                names = _checkpoint_names(model, name, linear)
+                names = checkpoint_names[f"{name}.weight"]
                 if not all(n in stored for n in names) or len({formats.get(n) for n in names}) != 1:
                     continue
                 fmt = formats[names[0]]

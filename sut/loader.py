@@ -13,11 +13,12 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from sut.config import ModelConfig
-from sut.cpu_quant import GGUF_BLOCKS_FILE
 from sut.errors import CheckpointError
 from sut.model import FusedLinear, LlamaForCausalLM, RotaryEmbedding
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+# Block-quantized copies of the weights beside the checkpoint (sut/cpu_quant.py), not a shard of it.
+GGUF_BLOCKS_FILE = "gguf-blocks.safetensors"
 
 
 def weight_files(folder: Path) -> list[Path]:

@@ -9,9 +9,10 @@ from gguf import GGMLQuantizationType, quants
 from torch import nn
 
 from sut import LLM, SamplingParams
-from sut.cpu_quant import (BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, GGUF_BLOCKS_FILE, BlockQuantLinear, BlockWeights,
-                           attach_gguf_blocks, library, write_gguf_blocks)
+from sut.cpu_quant import (BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, BlockQuantLinear, BlockWeights,
+                           library, write_gguf_blocks)
 from sut.errors import CheckpointError
+from sut.loader import GGUF_BLOCKS_FILE
 
 from conftest import hf_greedy, random_prompts
 
