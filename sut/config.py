@@ -141,6 +141,7 @@ class EngineConfig:
     kernels: str = "auto"  # "auto" = our Triton kernels on CUDA, the PyTorch ops on CPU; or "triton" / "torch"
     seed: int = 0  # for sampled requests without their own seed
     gguf_blocks: bool = True  # CPU fp32: small batches computed from the folder's GGUF blocks (sut/cpu_quant.py)
+    int16_activations: bool = False  # with gguf_blocks: every linear's input rounded to int16 per block of 32 (faster, not exact)
 
     @staticmethod
     def from_kwargs(**kwargs) -> "EngineConfig":
@@ -166,8 +167,11 @@ class EngineConfig:
                 raise ConfigError(f"engine setting {name} must be a positive integer or None, got {value!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
-        if not isinstance(self.gguf_blocks, bool):
-            raise ConfigError(f"engine setting gguf_blocks must be true or false, got {self.gguf_blocks!r}")
+        for name in ("gguf_blocks", "int16_activations"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"engine setting {name} must be true or false, got {getattr(self, name)!r}")
+        if self.int16_activations and not self.gguf_blocks:
+            raise ConfigError("engine setting int16_activations needs gguf_blocks (it computes from the GGUF blocks)")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"engine setting dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):

@@ -20,7 +20,7 @@ import platform
 import shutil
 import subprocess
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -86,7 +86,10 @@ def library() -> ctypes.CDLL | None:
     ptr, i64 = ctypes.c_void_p, ctypes.c_long
     lib.q4_1_matmul.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.q8_0_matmul.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
+    lib.q4_1_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
+    lib.q8_0_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.q4_1_matmul.restype = lib.q8_0_matmul.restype = ctypes.c_int
+    lib.q4_1_matmul_i16.restype = lib.q8_0_matmul_i16.restype = lib.int16_kernels_available.restype = ctypes.c_int
     _library = lib
     return lib
 
@@ -101,6 +104,7 @@ class BlockWeights:
     qs: torch.Tensor
     d: torch.Tensor
     m: torch.Tensor | None
+    _int16: tuple | None = field(default=None, repr=False)
 
     @staticmethod
     def from_raw(raw: torch.Tensor, format: str) -> "BlockWeights":
@@ -125,6 +129,53 @@ class BlockWeights:
         q = self.qs.view(torch.int8).view(rows, -1, BLOCK).float()
         return (self.d[..., None] * q).reshape(rows, cols)
 
+    def codes(self) -> torch.Tensor:
+        """The codes as uint8 [rows, cols] (0..15 for Q4_1) or int8 [rows, cols] (Q8_0)."""
+        rows, cols = self.shape
+        if self.format == "Q4_1":
+            q = self.qs.view(rows, -1, 1, BLOCK // 2)
+            return torch.cat((q & 15, q >> 4), dim=2).reshape(rows, cols)
+        return self.qs.view(torch.int8).view(rows, cols)
+
+    def int16_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """The codes and scales arranged for the int16 kernels (cpu_quant.c), built once: rows in
+        groups of 16 (padded with zeros to a multiple of 32), per group and block the codes of each
+        k-pair as 16 lanes (one per row) of two values, and d, m as [groups, blocks, 16]."""
+        if self._int16 is None:
+            rows, cols = self.shape
+            nb, padded = cols // BLOCK, -(-rows // 32) * 32
+            codes = torch.zeros(padded, cols, dtype=torch.int16)
+            codes[:rows] = self.codes()
+            if self.format == "Q4_1":  # [group, row, block, c, t, h] -> per (group, block, c): [row, h] int16 of 4 nibbles t
+                q = codes.view(-1, 16, nb, 4, 4, 2).permute(0, 2, 3, 1, 5, 4)
+                packed = (q << torch.tensor([0, 4, 8, 12], dtype=torch.int16)).sum(-1, dtype=torch.int16)
+                packed = packed.contiguous().view(torch.uint8)
+            else:  # [group, row, block, j, h] -> per (group, block, j): [row, h] int8
+                packed = codes.view(-1, 16, nb, 16, 2).permute(0, 2, 3, 1, 4).to(torch.int8).contiguous().view(torch.uint8)
+
+            def per_group(t: torch.Tensor) -> torch.Tensor:
+                out = torch.zeros(padded, nb)
+                out[:rows] = t
+                return out.view(-1, 16, nb).transpose(1, 2).contiguous()
+
+            self._int16 = (packed, per_group(self.d), None if self.m is None else per_group(self.m))
+        return self._int16
+
+    def matmul_int16(self, x: torch.Tensor) -> torch.Tensor:
+        """`x [M, cols] @ W^T` with `x` rounded to int16 per block of 32 (cpu_quant.c says how)."""
+        rows, cols = self.shape
+        codes, d, m = self.int16_layout()
+        y = torch.empty(x.shape[0], rows)
+        lib = library()
+        if self.format == "Q4_1":
+            rc = lib.q4_1_matmul_i16(x.data_ptr(), codes.data_ptr(), d.data_ptr(), m.data_ptr(), y.data_ptr(),
+                                     x.shape[0], rows, cols)
+        else:
+            rc = lib.q8_0_matmul_i16(x.data_ptr(), codes.data_ptr(), d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
+        if rc != 0:
+            raise RuntimeError(f"cpu_quant: {self.format} int16 kernel failed with code {rc}")
+        return y
+
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """`x [M, cols] @ W^T` (fp32, contiguous) with the compiled kernel."""
         rows, cols = self.shape
@@ -142,18 +193,24 @@ class BlockWeights:
 
 class BlockQuantLinear(nn.Module):
     """A linear layer that computes from its blocks for at most BLOCK_ROWS_MAX rows and from its
-    dense weights (`dense`, packed for oneDNN by the runner) otherwise."""
+    dense weights (`dense`, packed for oneDNN by the runner) otherwise; with `int16`, from its
+    blocks with int16 inputs (BlockWeights.matmul_int16) for any number of rows."""
 
-    def __init__(self, dense: nn.Linear, blocks: BlockWeights):
+    def __init__(self, dense: nn.Linear, blocks: BlockWeights, int16: bool = False):
         super().__init__()
-        self.dense, self.blocks = dense, blocks
+        self.dense, self.blocks, self.int16 = dense, blocks, int16
         self.out_features = dense.out_features
+        if int16:
+            blocks.int16_layout()  # built at load, not in the first step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] > BLOCK_ROWS_MAX:
+        if self.int16:
+            y = self.blocks.matmul_int16(flat.contiguous())
+        elif flat.shape[0] > BLOCK_ROWS_MAX:
             return self.dense(x)
-        y = self.blocks.matmul(flat.contiguous())
+        else:
+            y = self.blocks.matmul(flat.contiguous())
         if self.dense.bias is not None:
             y += self.dense.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -170,13 +227,18 @@ def _checkpoint_names(model: nn.Module) -> dict[str, list[str]]:
     return by_param
 
 
-def attach_gguf_blocks(model: nn.Module, folder: str | Path) -> int:
+def attach_gguf_blocks(model: nn.Module, folder: str | Path, int16: bool = False) -> int:
     """Wrap each fp32 CPU linear of `model` whose weights GGUF_BLOCKS_FILE in `folder` holds in a
-    BlockQuantLinear; return how many. Call before the linears are packed (the check needs the
-    dense weights). Does nothing when the file is absent or the kernels cannot be built."""
+    BlockQuantLinear (with int16 inputs if `int16`); return how many. Call before the linears are
+    packed (the check needs the dense weights). Does nothing when the file is absent or the kernels
+    cannot be built; `int16` without AVX512-VNNI warns and computes exactly."""
     path = Path(folder) / GGUF_BLOCKS_FILE
     if not path.is_file() or library() is None:
         return 0
+    if int16 and not library().int16_kernels_available():
+        warnings.warn("sut.cpu_quant: int16_activations needs AVX512-VNNI, which this CPU (or compiler) lacks; "
+                      "linears compute exactly instead")
+        int16 = False
     targets = [(name, m) for name, m in model.named_modules()
                if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
     checkpoint_names = _checkpoint_names(model)
@@ -201,7 +263,7 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path) -> int:
                     raise CheckpointError(f"{path}: the {fmt} blocks of {', '.join(names)} do not rebuild the "
                                           f"checkpoint's fp32 weights exactly; reconvert the model folder")
                 parent, _, leaf = name.rpartition(".")
-                setattr(model.get_submodule(parent), leaf, BlockQuantLinear(linear, blocks))
+                setattr(model.get_submodule(parent), leaf, BlockQuantLinear(linear, blocks, int16))
                 count += 1
     except (SafetensorError, OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: cannot read GGUF blocks ({e})") from e

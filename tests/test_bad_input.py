@@ -142,6 +142,10 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
             LLM(tiny_llama[0], tpot_target_ms=bad)
     with pytest.raises(ConfigError, match="gguf_blocks must be true or false, got 'yes'"):
         LLM(tiny_llama[0], gguf_blocks="yes")
+    with pytest.raises(ConfigError, match="int16_activations must be true or false, got 1"):
+        LLM(tiny_llama[0], int16_activations=1)
+    with pytest.raises(ConfigError, match="int16_activations needs gguf_blocks"):
+        LLM(tiny_llama[0], int16_activations=True, gguf_blocks=False)
 
 
 def test_generate_validates_everything_before_running(tiny_llama):

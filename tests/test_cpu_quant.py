@@ -8,6 +8,8 @@ import torch
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
+from kernels import AttentionMetadata
+
 from sut import LLM, SamplingParams
 from sut.cpu_quant import (BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, BlockQuantLinear, BlockWeights,
                            library, write_gguf_blocks)
@@ -49,6 +51,43 @@ def test_kernel_matches_dense_product(fmt, rows_out, cols, batch):
     error = (blocks.matmul(x).double() - x.double() @ w.T).abs()
     # fp32 sums of `cols` terms: rounding error within a small multiple of eps * sum |x * w|
     assert (error <= 1e-5 * (x.double().abs() @ w.abs().T)).all()
+
+
+needs_int16 = pytest.mark.skipif(library() is None or not library().int16_kernels_available(),
+                                 reason="the int16 kernels need AVX512-VNNI")
+
+
+@needs_int16
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("rows_out, cols", [(1, 32), (7, 96), (40, 576), (130, 1536)])
+@pytest.mark.parametrize("batch", [1, 3, 4, 5, 8, 17, 64])
+def test_int16_kernel_error_is_that_of_rounding_x_to_int16(fmt, rows_out, cols, batch):
+    """x is rounded per block of 32 to a multiple of s = max|x| / 32767: each element moves by at
+    most s / 2, so y moves by at most sum_k s_k / 2 * |w_k| (plus fp32 rounding of the sums)."""
+    blocks = BlockWeights.from_raw(random_blocks(rows_out, cols, fmt, seed=rows_out + batch), fmt)
+    x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch)).double()
+    x[:, :BLOCK] *= 50  # a block with outliers, as activations have
+    w = blocks.dequantize().double()
+    half_step = (x.view(batch, -1, BLOCK).abs().amax(-1, keepdim=True) / 32767 / 2).expand(-1, -1, BLOCK).reshape(batch, cols)
+    bound = half_step @ w.abs().T + 1e-5 * (x.abs() @ w.abs().T)
+    error = (blocks.matmul_int16(x.float()).double() - x @ w.T).abs()
+    assert (error <= bound).all()
+    assert (error > 0).any()  # not the exact path by mistake
+
+
+@needs_int16
+def test_int16_layer_uses_the_int16_kernel_for_every_batch(monkeypatch):
+    dense = nn.Linear(64, 40, bias=True)
+    blocks = BlockWeights.from_raw(random_blocks(40, 64, "Q4_1"), "Q4_1")
+    dense.weight.data = blocks.dequantize()
+    layer = BlockQuantLinear(dense, blocks, int16=True)
+    calls = []
+    matmul_int16 = BlockWeights.matmul_int16
+    monkeypatch.setattr(BlockWeights, "matmul_int16", lambda self, x: calls.append(x.shape[0]) or matmul_int16(self, x))
+    for rows in (1, BLOCK_ROWS_MAX + 1, 300):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(layer(x), dense(x), rtol=1e-3, atol=1e-3)
+    assert calls == [1, BLOCK_ROWS_MAX + 1, 300]
 
 
 def test_block_linear_uses_blocks_only_for_small_batches(monkeypatch):
@@ -143,3 +182,27 @@ def test_smollm2_blocks_rebuild_its_checkpoint_and_keep_its_output(smollm2_dir):
     for batch in (prompts[:1], prompts[:4], prompts):
         got = [o.token_ids for o in with_blocks.generate(batch, params)]
         assert got == [o.token_ids for o in dense.generate(batch, params)]
+
+
+def prefill_metadata(n: int) -> AttentionMetadata:
+    """One sequence of n new tokens, nothing cached, nothing stored."""
+    i32 = torch.int32
+    return AttentionMetadata(torch.full((n,), -1), torch.zeros(1, 1, dtype=i32), torch.tensor([0, n], dtype=i32),
+                             torch.tensor([n], dtype=i32), [n], [n])
+
+
+@needs_int16
+def test_smollm2_int16_activations_stay_close_to_exact(smollm2_dir):
+    """With int16_activations every linear, prefill included, computes with int16 inputs: the
+    last-token logits of real prompts stay within a small fraction of their spread of the exact
+    ones, and the greedy choice is the same."""
+    kwargs = dict(dtype="float32", kv_cache_memory_gb=0.05, max_model_len=512)
+    exact = LLM(smollm2_dir, **kwargs).engine.runner
+    approx = LLM(smollm2_dir, int16_activations=True, **kwargs).engine.runner
+    assert all(m.int16 for m in approx.model.modules() if isinstance(m, BlockQuantLinear))
+    for prompt in [[1] + p for p in random_prompts([12, 30, 70], vocab=40000, seed=5)]:
+        ids, positions = torch.tensor(prompt), torch.arange(len(prompt))
+        logits = [runner.model.compute_logits(runner.model(ids, positions, prefill_metadata(len(prompt)))[-1:])[0]
+                  for runner in (exact, approx)]
+        assert (logits[0] - logits[1]).abs().max() < 0.01 * (logits[0].max() - logits[0].min())
+        assert logits[0].argmax() == logits[1].argmax()
