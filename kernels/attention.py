@@ -42,17 +42,22 @@ class AttentionMetadata:
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, decode_kernel=None) -> torch.Tensor:
     """Causal attention of `q [num_tokens, num_heads, head_dim]` over each sequence's cached K/V.
 
     `k`, `v` are this step's new keys and values (already stored in the cache); a sequence with no
     cached context attends to them directly instead of gathering them back from the pool.
+    `decode_kernel(q, out, group, k_cache, v_cache, scale)`, when given, computes all the decodes
+    (one `_DecodeGroup`) into `out` in place of SDPA (the CPU engine's C kernel, sut/cpu_attention.py).
     """
     if meta.reference_plan is None:
-        meta.reference_plan = _plan(meta, k_cache.shape[1], q.device)
+        meta.reference_plan = _plan(meta, k_cache.shape[1], q.device, DECODE_GROUP if decode_kernel is None else None)
     kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
     out = torch.empty_like(q)
     for item in meta.reference_plan:
+        if isinstance(item, _DecodeGroup) and decode_kernel is not None:
+            decode_kernel(q, out, item, k_cache, v_cache, scale)
+            continue
         if isinstance(item, _DecodeGroup):
             n = len(item.q_rows)
             keys = _gather_blocks(k_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, :item.max_len]
@@ -90,9 +95,14 @@ def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
 @dataclass
 class _DecodeGroup:
     q_rows: torch.Tensor  # query rows of these single-token sequences
-    blocks: torch.Tensor  # their block tables, padded to the longest, flattened
+    tables: torch.Tensor  # their block tables [n, blocks of the longest] int32
+    seq_lens: torch.Tensor  # [n] int32
     max_len: int
     mask: torch.Tensor  # [n, 1, 1, max_len]: which gathered positions are real
+
+    @property
+    def blocks(self) -> torch.Tensor:
+        return self.tables.flatten()
 
 
 @dataclass
@@ -105,23 +115,25 @@ class _Sequence:
     causal: bool
 
 
-def _plan(meta: AttentionMetadata, block_size: int, device) -> list:
+def _plan(meta: AttentionMetadata, block_size: int, device, group_size: int | None) -> list:
     """The per-step work list of the reference, shared by every layer: decodes in groups of
-    DECODE_GROUP of similar length (one SDPA call each; a group's gathered K/V stays small enough
-    to be read back from cache, ~5x faster on CPU than one call for all), other sequences one by
-    one."""
+    `group_size` (all in one if None) of similar length (one SDPA call each; a group's gathered K/V
+    stays small enough to be read back from cache, ~5x faster on CPU than one call for all), other
+    sequences one by one."""
     plan: list = []
     decodes = [i for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
                if q_len == 1 and seq_len > 1]
     # Grouped by length: a group gathers and attends over its longest context.
     decodes.sort(key=lambda i: meta.seq_lens_host[i])
-    for g in range(0, len(decodes), DECODE_GROUP):
-        group = decodes[g:g + DECODE_GROUP]
+    group_size = group_size or max(len(decodes), 1)
+    for g in range(0, len(decodes), group_size):
+        group = decodes[g:g + group_size]
         rows = torch.tensor(group, device=device)
         max_len = max(meta.seq_lens_host[i] for i in group)
-        blocks = meta.block_tables[rows, : -(-max_len // block_size)].flatten()
+        tables = meta.block_tables[rows, : -(-max_len // block_size)].contiguous()
         mask = torch.arange(max_len, device=device)[None, :] < meta.seq_lens[rows][:, None]
-        plan.append(_DecodeGroup(meta.cu_seqlens_q[rows].long(), blocks, max_len, mask[:, None, None, :]))
+        plan.append(_DecodeGroup(meta.cu_seqlens_q[rows].long(), tables, meta.seq_lens[rows].contiguous(), max_len,
+                                 mask[:, None, None, :]))
     start = 0
     decodes = set(decodes)
     for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):

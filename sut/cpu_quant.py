@@ -7,7 +7,8 @@ weights bit for bit (checked at load), so computing from the blocks changes only
 the sums, as any other GEMM would. What changes is the bytes read: a decode step is bound by
 reading the weights, and the blocks are 6.4x (Q4_1) and 3.8x (Q8_0) smaller than fp32.
 
-The kernels (cpu_quant.c) are compiled with the system's C compiler on first use and cached.
+The kernels (cpu_quant.c, and cpu_attention.c for sut/cpu_attention.py) are compiled together
+with the system's C compiler on first use and cached.
 Their compute is fp32 FMA, so for more than BLOCK_ROWS_MAX rows oneDNN's packed fp32 GEMM is
 faster and each layer switches to it. Without a compiler the engine runs the fp32 path alone.
 """
@@ -37,7 +38,7 @@ BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
 # (`python -m sut.step_bench`, decode steps at batch 1-16, with and without blocks).
 BLOCK_ROWS_MAX = 8
 
-SOURCE = Path(__file__).with_name("cpu_quant.c")
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_quant.c", "cpu_attention.c")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
@@ -66,15 +67,17 @@ def library() -> ctypes.CDLL | None:
     if _library is not None or _library_error is not None:
         return _library
     compiler = shutil.which(os.environ.get("CC", "cc"))
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    path = _cache_dir() / f"cpu_quant-{platform.machine()}-{key}.so"
+    sources = b"".join(source.read_bytes() for source in SOURCES)
+    key = hashlib.sha256(sources + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
+    path = _cache_dir() / f"cpu_kernels-{platform.machine()}-{key}.so"
     try:
         if not path.is_file():
             if compiler is None:
                 raise RuntimeError("no C compiler (cc) on PATH")
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            done = subprocess.run([compiler, *CFLAGS, str(SOURCE), "-o", str(tmp)], capture_output=True, text=True)
+            done = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(tmp), "-lm"], capture_output=True,
+                                  text=True)
             if done.returncode != 0:
                 raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
             os.replace(tmp, path)
@@ -88,7 +91,10 @@ def library() -> ctypes.CDLL | None:
     lib.q8_0_matmul.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.q4_1_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.q8_0_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.q4_1_matmul.restype = lib.q8_0_matmul.restype = ctypes.c_int
+    lib.paged_decode_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_float]
+    lib.decode_attention_available.argtypes = [i64, i64, i64]
+    lib.q4_1_matmul.restype = lib.q8_0_matmul.restype = lib.paged_decode_attention.restype = ctypes.c_int
+    lib.decode_attention_available.restype = ctypes.c_int
     lib.q4_1_matmul_i16.restype = lib.q8_0_matmul_i16.restype = lib.int16_kernels_available.restype = ctypes.c_int
     _library = lib
     return lib

@@ -11,6 +11,7 @@ from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
 from kernels.triton_utils import interpreting
 from sut.config import EngineConfig, ModelConfig
 from sut.cpu_linear import pack_linears
+from sut.cpu_attention import cpu_ops
 from sut.cpu_quant import attach_gguf_blocks
 from sut.errors import ConfigError
 from sut.loader import load_model
@@ -53,7 +54,8 @@ class ModelRunner:
         if use_triton and device.type != "cuda" and not interpreting():
             raise ConfigError("engine setting kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 "
                               "(Triton's interpreter, for tests) set before kernels is imported")
-        self.model.ops = TRITON_OPS if use_triton else TORCH_OPS
+        cpu_auto = device.type == "cpu" and config.kernels == "auto"
+        self.model.ops = TRITON_OPS if use_triton else cpu_ops() if cpu_auto else TORCH_OPS
         c = model_config
         self.bytes_per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory(config, model_config)
