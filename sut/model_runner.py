@@ -46,7 +46,8 @@ class ModelRunner:
         self.model = load_model(model_path, model_config, dtype, device)
         if device.type == "cpu":
             if config.gguf_blocks:
-                attach_gguf_blocks(self.model, model_path, config.int16_activations)  # before packing: it checks the dense weights
+                # before packing: it checks the dense weights
+                attach_gguf_blocks(self.model, model_path, config.int16_activations)
             pack_linears(self.model)
         # The one backend switch. Triton on a CPU device works only in Triton's interpreter
         # (TRITON_INTERPRET=1): that is for tests, far too slow to serve.
