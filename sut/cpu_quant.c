@@ -239,6 +239,7 @@ static void micro_i16_tile(const int16_t *buf, long K, const float *d, const flo
 static int matmul_i16(int q8, const float *x, const uint8_t *codes, const float *d, const float *m, float *y,
                       long M, long N, long K) {
     if (K % QK) return -1;
+    if (M == 0) return 0;
     long nb = K / QK, groups = (N + GR * NG - 1) / (GR * NG) * NG, block_bytes = q8 ? 512 : 256;
     int16_t *xq = aligned_alloc(64, ((M * K * sizeof(int16_t) + 63) / 64) * 64);
     float *xs = malloc(M * nb * sizeof(float)), *xsum = malloc(M * nb * sizeof(float));

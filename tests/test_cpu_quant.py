@@ -84,10 +84,10 @@ def test_int16_layer_uses_the_int16_kernel_for_every_batch(monkeypatch):
     calls = []
     matmul_int16 = BlockWeights.matmul_int16
     monkeypatch.setattr(BlockWeights, "matmul_int16", lambda self, x: calls.append(x.shape[0]) or matmul_int16(self, x))
-    for rows in (1, BLOCK_ROWS_MAX + 1, 300):
+    for rows in (0, 1, BLOCK_ROWS_MAX + 1, 300):
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), dense(x), rtol=1e-3, atol=1e-3)
-    assert calls == [1, BLOCK_ROWS_MAX + 1, 300]
+    assert calls == [0, 1, BLOCK_ROWS_MAX + 1, 300]
 
 
 def test_block_linear_uses_blocks_only_for_small_batches(monkeypatch):
