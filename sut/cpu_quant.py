@@ -11,6 +11,10 @@ The kernels (cpu_quant.c, and cpu_attention.c for sut/cpu_attention.py) are comp
 with the system's C compiler on first use and cached.
 Their compute is fp32 FMA, so for more than BLOCK_ROWS_MAX rows oneDNN's packed fp32 GEMM is
 faster and each layer switches to it. Without a compiler the engine runs the fp32 path alone.
+
+The engine setting int16_activations trades exactness for speed at every batch size: the inputs
+are rounded to int16 per block of 32 and multiplied with the codes on AVX512-VNNI (cpu_quant.c
+says how, and how large the error can be).
 """
 
 import ctypes
@@ -128,12 +132,8 @@ class BlockWeights:
     def dequantize(self) -> torch.Tensor:
         """The fp32 weights, as gguf computes them (d * q exact, one rounding for + m)."""
         rows, cols = self.shape
-        if self.format == "Q4_1":
-            q = self.qs.view(rows, -1, 1, BLOCK // 2)
-            q = torch.cat((q & 15, q >> 4), dim=2).reshape(rows, -1, BLOCK).float()
-            return (self.d[..., None] * q + self.m[..., None]).reshape(rows, cols)
-        q = self.qs.view(torch.int8).view(rows, -1, BLOCK).float()
-        return (self.d[..., None] * q).reshape(rows, cols)
+        w = self.d[..., None] * self.codes().float().view(rows, -1, BLOCK)
+        return (w if self.m is None else w + self.m[..., None]).reshape(rows, cols)
 
     def codes(self) -> torch.Tensor:
         """The codes as uint8 [rows, cols] (0..15 for Q4_1) or int8 [rows, cols] (Q8_0)."""
