@@ -147,7 +147,7 @@ int q8_0_matmul(const float *x, const uint8_t *qs, const float *d, float *y, lon
    by AVX512-VNNI's vpdpwssd, which does 32 multiply-adds per instruction where fp32 FMA does 16.
    The only new error is the rounding of x to int16: at most s/2 per element, 2^-16 of its block's
    largest, ~128x finer than bf16. Weights come pre-arranged per group of 16 output rows
-   (pack_*_i16 in cpu_quant.py): each lane of a vector is one output row, each int16 pair one pair
+   (BlockWeights.int16_layout in cpu_quant.py): each lane of a vector is one output row, each int16 pair one pair
    of consecutive k, so the input is broadcast one k-pair (one int32) at a time. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define HAVE_I16 1

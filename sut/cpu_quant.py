@@ -200,12 +200,15 @@ class BlockWeights:
 class BlockQuantLinear(nn.Module):
     """A linear layer that computes from its blocks for at most BLOCK_ROWS_MAX rows and from its
     dense weights (`dense`, packed for oneDNN by the runner) otherwise; with `int16`, from its
-    blocks with int16 inputs (BlockWeights.matmul_int16) for any number of rows."""
+    blocks with int16 inputs (BlockWeights.matmul_int16) for any number of rows, and has no dense
+    weights."""
 
     def __init__(self, dense: nn.Linear, blocks: BlockWeights, int16: bool = False):
         super().__init__()
-        self.dense, self.blocks, self.int16 = dense, blocks, int16
+        self.blocks, self.int16, self.bias = blocks, int16, dense.bias
         self.out_features = dense.out_features
+        # With int16 the dense weights are never read: drop them (and the runner's packing of them).
+        self.dense = None if int16 else dense
         if int16:
             blocks.int16_layout()  # built at load, not in the first step
 
@@ -217,8 +220,8 @@ class BlockQuantLinear(nn.Module):
             return self.dense(x)
         else:
             y = self.blocks.matmul(flat.contiguous())
-        if self.dense.bias is not None:
-            y += self.dense.bias
+        if self.bias is not None:
+            y += self.bias
         return y.view(*x.shape[:-1], self.out_features)
 
 
