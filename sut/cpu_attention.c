@@ -3,17 +3,23 @@
    One query token per sequence attends to all `seq_lens[i]` cached tokens of its sequence, found
    through its block table; the query heads that share a KV head are done together, so each cached
    key and value is read once. Softmax in fp32 as SDPA's: scores scaled, max subtracted, exp,
-   normalized at the end. Needs AVX-512 and a head size that is a multiple of 16 (the caller
-   checks `decode_attention_available`). */
+   normalized at the end. Compiled per instruction-set level as cpu_quant.c is: AVX-512
+   intrinsics, or the compiler's vectors of VW floats (AVX2, and portable C for any CPU). Needs a
+   head size that is a multiple of 16 (the caller checks `decode_attention_available`). */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#ifdef __AVX512F__
+#include <string.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+#define ATT_AVX512 1
 #include <immintrin.h>
+#endif
 
 #define MAX_GROUP 8 /* query heads per KV head */
 #define MAX_DIM 256
 
+#ifdef ATT_AVX512
 /* exp(x) for x <= 0 (scores minus their max): 2^n * exp(r), |r| <= ln2 / 2, with Cephes' expf
    polynomial (about 1 ulp); below -104 the result is 0, as expf's. */
 static inline __m512 exp_nonpositive(__m512 x) {
@@ -75,15 +81,69 @@ static inline __attribute__((always_inline)) void attend(const float *qh, float 
         for (long j = 0; j < nv; j++) _mm512_storeu_ps(o + g * dim + 16 * j, _mm512_mul_ps(acc[g][j], inv));
     }
 }
+#else
+#ifdef __AVX2__
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+
+static inline vf loadv(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+static inline void storev(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+static inline float hsum(vf v) {
+    float s = 0;
+    for (int j = 0; j < VW; j++) s += v[j];
+    return s;
+}
+
+void exp_nonpositive_f32(float *p, long n); /* cpu_ops.c */
+
+/* One (sequence, KV head): `group` query heads `qh` over `len` cached tokens -> `o`. */
+static inline __attribute__((always_inline)) void attend(const float *qh, float *o, const int32_t *table, long len,
+                                                         const float *k_cache, const float *v_cache, long block_size,
+                                                         long kv_heads, long h, long group, long dim, float scale,
+                                                         float *scores) {
+    long nv = dim / VW;
+    for (long t = 0; t < len; t++) {
+        const float *key = k_cache + ((table[t / block_size] * block_size + t % block_size) * kv_heads + h) * dim;
+        for (long g = 0; g < group; g++) {
+            vf s = {0};
+            for (long j = 0; j < nv; j++) s += loadv(qh + g * dim + VW * j) * loadv(key + VW * j);
+            scores[g * len + t] = hsum(s) * scale;
+        }
+    }
+    float inv[MAX_GROUP];
+    for (long g = 0; g < group; g++) {
+        float *sg = scores + g * len, top = -INFINITY, total = 0;
+        for (long t = 0; t < len; t++) top = sg[t] > top ? sg[t] : top;
+        for (long t = 0; t < len; t++) sg[t] -= top;
+        exp_nonpositive_f32(sg, len);
+        for (long t = 0; t < len; t++) total += sg[t];
+        inv[g] = 1.0f / total;
+    }
+    /* The weighted sum of values, 4 vectors of each head at a time, so the accumulators of a
+       group (3 x 4 for SmolLM2) stay in registers. */
+    for (long j0 = 0; j0 < nv; j0 += 4) {
+        vf acc[MAX_GROUP][4] = {{{0}}};
+        long nj = nv - j0 < 4 ? nv - j0 : 4;
+        for (long t = 0; t < len; t++) {
+            const float *value = v_cache + ((table[t / block_size] * block_size + t % block_size) * kv_heads + h) * dim
+                                 + VW * j0;
+            for (long g = 0; g < group; g++) {
+                float p = scores[g * len + t];
+                for (long j = 0; j < nj; j++) acc[g][j] += p * loadv(value + VW * j);
+            }
+        }
+        for (long g = 0; g < group; g++)
+            for (long j = 0; j < nj; j++) storev(o + g * dim + VW * (j0 + j), acc[g][j] * inv[g]);
+    }
+}
 #endif
 
 int decode_attention_available(long heads, long kv_heads, long dim) {
-#ifdef __AVX512F__
     return heads % kv_heads == 0 && heads / kv_heads <= MAX_GROUP && dim % 16 == 0 && dim <= MAX_DIM;
-#else
-    (void)heads; (void)kv_heads; (void)dim;
-    return 0;
-#endif
 }
 
 /* q, out: [tokens, heads, dim]; rows[i]: sequence i's query row; tables: [n, max_blocks];
@@ -91,7 +151,6 @@ int decode_attention_available(long heads, long kv_heads, long dim) {
 int paged_decode_attention(const float *q, float *out, const int64_t *rows, const int32_t *seq_lens,
                            const int32_t *tables, long n, long max_blocks, const float *k_cache,
                            const float *v_cache, long block_size, long heads, long kv_heads, long dim, float scale) {
-#ifdef __AVX512F__
     if (!decode_attention_available(heads, kv_heads, dim)) return -1;
     long group = heads / kv_heads, max_len = 0;
     for (long i = 0; i < n; i++) max_len = seq_lens[i] > max_len ? seq_lens[i] : max_len;
@@ -117,9 +176,4 @@ int paged_decode_attention(const float *q, float *out, const int64_t *rows, cons
         free(scores);
     }
     return failed ? -2 : 0;
-#else
-    (void)q; (void)out; (void)rows; (void)seq_lens; (void)tables; (void)n; (void)max_blocks; (void)k_cache;
-    (void)v_cache; (void)block_size; (void)heads; (void)kv_heads; (void)dim; (void)scale;
-    return -1;
-#endif
 }

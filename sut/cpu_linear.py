@@ -7,14 +7,23 @@ batch 1 / 4 / 8 / 16 to 36 / 39 / 44 / 63 ms. Packing is what torch's own compil
 inference (inductor's weight "freezing"); these are the ops it calls.
 """
 
+import warnings
+
 import torch
 from torch import nn
-
-PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 
 
 def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def packable_dtypes() -> tuple[torch.dtype, ...]:
+    """fp32 always; bf16 where oneDNN has a bf16 path on this CPU (AVX-512 BW/VL/DQ or AVX-NE-CONVERT;
+    without them its packing fails, and torch's own bf16 linear computes instead)."""
+    return (torch.float32, torch.bfloat16) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else (torch.float32,)
+
+
+_warned_bf16 = False
 
 
 class PackedLinear(nn.Module):
@@ -34,13 +43,20 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every CPU `nn.Linear` of a packable dtype by a PackedLinear; return how many.
+    """Replace every CPU `nn.Linear` of a packable dtype (packable_dtypes()) by a PackedLinear; return how many.
     Subclasses of nn.Linear (the fused ones) are replaced too: their shard layout was only for
     loading."""
+    global _warned_bf16
     if not onednn_available():
         return 0
+    dtypes = packable_dtypes()
     targets = [(name, m) for name, m in model.named_modules()
-               if isinstance(m, nn.Linear) and m.weight.device.type == "cpu" and m.weight.dtype in PACKABLE_DTYPES]
+               if isinstance(m, nn.Linear) and m.weight.device.type == "cpu" and m.weight.dtype in dtypes]
+    if not _warned_bf16 and any(isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16 for m in model.modules()) \
+            and torch.bfloat16 not in dtypes:
+        _warned_bf16 = True
+        warnings.warn("sut.cpu_linear: oneDNN has no bf16 path on this CPU (it needs AVX-512 BW/VL/DQ or "
+                      "AVX-NE-CONVERT); bf16 linears run on torch's own bf16 GEMM, unpacked and slower")
     for name, linear in targets:
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, PackedLinear(linear))

@@ -1,33 +1,150 @@
-/* Small-batch linear layers on CPU straight from GGUF's block-quantized weights (see cpu_quant.py).
+/* Linear layers on CPU straight from GGUF's block-quantized weights (see cpu_quant.py).
 
    y[M, N] = x[M, K] @ W^T, with W [N, K] stored as blocks of 32 along K:
      Q4_1: w = d * q + m, q in 0..15 (byte j of a block holds element j in its low nibble and
            element j + 16 in its high nibble, GGUF's layout);
      Q8_0: w = d * q, q in -128..127.
-   d and m come in as fp32 (converted exactly from the file's fp16). Each weight is rebuilt in
-   fp32 with one rounding, as gguf's own dequantizer does, so the product is that of the fp32
-   checkpoint; only the order of the sums differs. A decode step reads 0.63 (Q4_1) or 1.06 (Q8_0)
-   bytes per weight instead of 4: the point, since at small batch a linear layer is bound by
-   reading its weights. Compute stays fp32 (FMA), so at larger batch oneDNN's fp32 GEMM wins and
-   the Python side switches to it. */
+   d and m come in as fp32 (converted exactly from the file's fp16).
+
+   Two products:
+   - exact (`q4_1_matmul`, `q8_0_matmul`): each weight is rebuilt in fp32 with one rounding, as
+     gguf's own dequantizer does, so the product is that of the fp32 checkpoint; only the order of
+     the sums differs. A decode step reads 0.63 (Q4_1) or 1.06 (Q8_0) bytes per weight instead of
+     4: the point, since at small batch a linear layer is bound by reading its weights.
+   - int16 activations (`*_matmul_i16`, the engine setting int16_activations): each input row is
+     rounded to int16 per block of 32 and multiplied with the integer codes exactly in int32.
+
+   This file is compiled once per instruction-set level (cpu_build.py): AVX-512 (with VNNI), AVX2
+   (with FMA) and portable C for any compiler and CPU, ARM included. Each level computes the same
+   products; the portable code is also the plain statement of what the others do. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#include <math.h>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__AVX512VNNI__)
+#define LEVEL_AVX512 1
+#include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LEVEL_AVX2 1
 #include <immintrin.h>
 #endif
 
 #define QK 32 /* weights per block */
-#define NR 4  /* weight rows per panel */
-#define MR 4  /* input rows per micro-tile */
 
-typedef float v16f __attribute__((vector_size(64)));
+/* 2 = AVX-512, 1 = AVX2, 0 = portable: what this build was compiled for (cpu_build.py checks it). */
+int cpu_kernels_level(void) {
+#if defined(LEVEL_AVX512)
+    return 2;
+#elif defined(LEVEL_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
 
-static inline v16f load16(const float *p) { v16f v; memcpy(&v, p, sizeof v); return v; }
+/* ---- exact products ---- */
 
-static inline float hsum(v16f v) {
+#ifdef LEVEL_AVX2
+/* AVX2 has 16 vector registers: each block is rebuilt in registers (4 x 8 weights per row) and
+   used at once for MR input rows, NR weight rows at a time. */
+#define NR 2
+#define MR 4
+
+static inline __attribute__((always_inline)) void rebuild_block(int q8, const uint8_t *q, float db, float mb,
+                                                                __m256 w[4]) {
+    __m256 d = _mm256_set1_ps(db);
+    if (q8) {
+        for (int c = 0; c < 4; c++)
+            w[c] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * c)))));
+        return;
+    }
+    __m256 m = _mm256_set1_ps(mb);
+    __m128i bytes = _mm_loadu_si128((const __m128i *)q), low4 = _mm_set1_epi8(15);
+    __m128i lo = _mm_and_si128(bytes, low4), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+    __m128i parts[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+    for (int c = 0; c < 4; c++) w[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[c])), m);
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* y[r * ldy + a] = dot(weight row a, x row r) for a < nr, r < mr (constants once inlined). */
+static inline __attribute__((always_inline)) void exact_tile(int q8, const uint8_t *qs, long row_bytes, const float *d,
+                                                             const float *m, const float *x, long K, int nr, int mr,
+                                                             float *y, long ldy) {
+    long nb = K / QK, block_bytes = q8 ? 32 : 16;
+    __m256 acc[NR][MR];
+    for (int a = 0; a < nr; a++)
+        for (int r = 0; r < mr; r++) acc[a][r] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++)
+        for (int a = 0; a < nr; a++) {
+            __m256 w[4];
+            rebuild_block(q8, qs + a * row_bytes + b * block_bytes, d[a * nb + b], q8 ? 0 : m[a * nb + b], w);
+            for (int c = 0; c < 4; c++)
+                for (int r = 0; r < mr; r++)
+                    acc[a][r] = _mm256_fmadd_ps(w[c], _mm256_loadu_ps(x + r * K + b * QK + 8 * c), acc[a][r]);
+        }
+    for (int a = 0; a < nr; a++)
+        for (int r = 0; r < mr; r++) y[r * ldy + a] = hsum8(acc[a][r]);
+}
+
+static inline __attribute__((always_inline)) void exact_tiles(int q8, const uint8_t *qs, long row_bytes, const float *d, const float *m, const float *x,
+                        long M, long K, int nr, float *y, long ldy) {
+    for (long i = 0; i < M; i += MR) {
+        int mr = M - i < MR ? (int)(M - i) : MR;
+        const float *xi = x + i * K;
+        float *yi = y + i * ldy;
+#define TILE(NRC, MRC) exact_tile(q8, qs, row_bytes, d, m, xi, K, NRC, MRC, yi, ldy)
+        if (nr == NR) {
+            switch (mr) {
+            case 4: TILE(NR, 4); break;
+            case 3: TILE(NR, 3); break;
+            case 2: TILE(NR, 2); break;
+            default: TILE(NR, 1); break;
+            }
+        } else
+            for (int r = 0; r < mr; r++) exact_tile(q8, qs, row_bytes, d, m, xi + r * K, K, 1, 1, yi + r * ldy, ldy);
+#undef TILE
+    }
+}
+
+static int matmul(int q8, const float *x, const uint8_t *qs, const float *d, const float *m, float *y, long M, long N,
+                  long K) {
+    if (K % QK) return -1;
+    long nb = K / QK, row_bytes = q8 ? K : K / 2;
+#pragma omp parallel for schedule(static)
+    for (long n = 0; n < N; n += NR) {
+        int nr = N - n < NR ? (int)(N - n) : NR;
+        if (q8) exact_tiles(1, qs + n * row_bytes, row_bytes, d + n * nb, NULL, x, M, K, nr, y + n, N);
+        else exact_tiles(0, qs + n * row_bytes, row_bytes, d + n * nb, m + n * nb, x, M, K, nr, y + n, N);
+    }
+    return 0;
+}
+
+#else
+/* AVX-512 and portable: each panel of NR weight rows is rebuilt once in fp32 into a per-thread
+   buffer (L1/L2-resident) and applied to all M input rows in tiles of NR x MR dot products, with
+   the compiler's vectors (VW floats: one AVX-512 register, or 128 bits, which SSE and NEON have). */
+#ifdef LEVEL_AVX512
+#define VW 16
+#define MR 4
+#else
+#define VW 4
+#define MR 2
+#endif
+#define NR 4
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+
+static inline vf loadv(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
+
+static inline float hsum(vf v) {
     float s = 0;
-    for (int j = 0; j < 16; j++) s += v[j];
+    for (int j = 0; j < VW; j++) s += v[j];
     return s;
 }
 
@@ -38,15 +155,16 @@ static void dequant_q4_1(const uint8_t *qs, const float *d, const float *m, long
         for (long b = 0; b < nb; b++) {
             const uint8_t *q = qs + r * (K / 2) + b * 16;
             float db = d[r * nb + b], mb = m[r * nb + b], *out = w + r * K + b * QK;
-#ifdef __AVX512F__
+#ifdef LEVEL_AVX512
             __m512i qi = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)q));
             __m512 dv = _mm512_set1_ps(db), mv = _mm512_set1_ps(mb);
             _mm512_storeu_ps(out, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_and_si512(qi, _mm512_set1_epi32(15))), mv));
             _mm512_storeu_ps(out + 16, _mm512_fmadd_ps(dv, _mm512_cvtepi32_ps(_mm512_srli_epi32(qi, 4)), mv));
 #else
+            /* d * q is exact (q < 16, d an fp16), so d * q + m rounds once with or without FMA. */
             for (int j = 0; j < 16; j++) {
-                out[j] = __builtin_fmaf(db, (float)(q[j] & 15), mb);
-                out[j + 16] = __builtin_fmaf(db, (float)(q[j] >> 4), mb);
+                out[j] = db * (float)(q[j] & 15) + mb;
+                out[j + 16] = db * (float)(q[j] >> 4) + mb;
             }
 #endif
         }
@@ -60,7 +178,7 @@ static void dequant_q8_0(const uint8_t *qs, const float *d, const float *m, long
         for (long b = 0; b < nb; b++) {
             const int8_t *q = (const int8_t *)qs + r * K + b * QK;
             float db = d[r * nb + b], *out = w + r * K + b * QK;
-#ifdef __AVX512F__
+#ifdef LEVEL_AVX512
             __m512 dv = _mm512_set1_ps(db);
             _mm512_storeu_ps(out, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)))));
             _mm512_storeu_ps(out + 16, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + 16))))));
@@ -74,14 +192,14 @@ static void dequant_q8_0(const uint8_t *qs, const float *d, const float *m, long
    the nr * mr accumulators stay in registers. */
 static inline __attribute__((always_inline)) void micro(const float *w, const float *x, long K, int nr, int mr,
                                                          float *y, long ldy) {
-    v16f acc[NR][MR];
+    vf acc[NR][MR];
     for (int a = 0; a < nr; a++)
-        for (int r = 0; r < mr; r++) acc[a][r] = (v16f){0};
-    for (long k = 0; k < K; k += 16) {
-        v16f xv[MR];
-        for (int r = 0; r < mr; r++) xv[r] = load16(x + r * K + k);
+        for (int r = 0; r < mr; r++) acc[a][r] = (vf){0};
+    for (long k = 0; k < K; k += VW) {
+        vf xv[MR];
+        for (int r = 0; r < mr; r++) xv[r] = loadv(x + r * K + k);
         for (int a = 0; a < nr; a++) {
-            v16f wa = load16(w + a * K + k);
+            vf wa = loadv(w + a * K + k);
             for (int r = 0; r < mr; r++) acc[a][r] += wa * xv[r];
         }
     }
@@ -92,8 +210,10 @@ static inline __attribute__((always_inline)) void micro(const float *w, const fl
 static void micro_tile(const float *w, const float *x, long K, int nr, int mr, float *y, long ldy) {
     if (nr == NR) {
         switch (mr) {
+#if MR == 4
         case 4: micro(w, x, K, NR, 4, y, ldy); return;
         case 3: micro(w, x, K, NR, 3, y, ldy); return;
+#endif
         case 2: micro(w, x, K, NR, 2, y, ldy); return;
         case 1: micro(w, x, K, NR, 1, y, ldy); return;
         }
@@ -102,14 +222,12 @@ static void micro_tile(const float *w, const float *x, long K, int nr, int mr, f
         for (int r = 0; r < mr; r++) micro(w + a * K, x + r * K, K, 1, 1, y + r * ldy + a, ldy);
 }
 
-typedef void (*dequant_fn)(const uint8_t *, const float *, const float *, long, int, float *);
-
 /* Panels of NR weight rows are split over the OpenMP threads; each panel is rebuilt once into a
-   per-thread buffer (L1/L2-resident) and applied to all M input rows. */
-static int matmul(dequant_fn dequant, long row_bytes, const float *x, const uint8_t *qs, const float *d,
-                  const float *m, float *y, long M, long N, long K) {
+   per-thread buffer and applied to all M input rows. */
+static int matmul(int q8, const float *x, const uint8_t *qs, const float *d, const float *m, float *y, long M, long N,
+                  long K) {
     if (K % QK) return -1;
-    long nb = K / QK;
+    long nb = K / QK, row_bytes = q8 ? K : K / 2;
     int failed = 0;
 #pragma omp parallel
     {
@@ -122,7 +240,8 @@ static int matmul(dequant_fn dequant, long row_bytes, const float *x, const uint
         for (long n = 0; n < N; n += NR) {
             if (!w) continue;
             int nr = N - n < NR ? (int)(N - n) : NR;
-            dequant(qs + n * row_bytes, d + n * nb, m ? m + n * nb : NULL, K, nr, w);
+            if (q8) dequant_q8_0(qs + n * row_bytes, d + n * nb, NULL, K, nr, w);
+            else dequant_q4_1(qs + n * row_bytes, d + n * nb, m + n * nb, K, nr, w);
             for (long i = 0; i < M; i += MR)
                 micro_tile(w, x + i * K, K, nr, M - i < MR ? (int)(M - i) : MR, y + i * N + n, N);
         }
@@ -130,27 +249,59 @@ static int matmul(dequant_fn dequant, long row_bytes, const float *x, const uint
     }
     return failed ? -2 : 0;
 }
+#endif
 
 int q4_1_matmul(const float *x, const uint8_t *qs, const float *d, const float *m, float *y, long M, long N, long K) {
-    return matmul(dequant_q4_1, K / 2, x, qs, d, m, y, M, N, K);
+    return matmul(0, x, qs, d, m, y, M, N, K);
 }
 
 int q8_0_matmul(const float *x, const uint8_t *qs, const float *d, float *y, long M, long N, long K) {
-    return matmul(dequant_q8_0, K, x, qs, d, NULL, y, M, N, K);
+    return matmul(1, x, qs, d, NULL, y, M, N, K);
 }
 
-/* ---- int16-activation kernels (the engine setting int16_activations; cpu_quant.py) ----
+/* ---- int16-activation products ----
 
    The same product with each input row quantized per block of 32 to int16: x ~ s * xi with
    s = max|x| / 32767, so y = sum_b d_b * s_b * sum_k xi_k q_k  (+ m_b * sum_k x_k for Q4_1, with
-   the exact fp32 sum). The inner sums are exact int32 (|xi q| <= 32767 * 128, 32 terms), computed
-   by AVX512-VNNI's vpdpwssd, which does 32 multiply-adds per instruction where fp32 FMA does 16.
-   The only new error is the rounding of x to int16: at most s/2 per element, 2^-16 of its block's
-   largest, ~128x finer than bf16. Weights come pre-arranged per group of 16 output rows
-   (BlockWeights.int16_layout in cpu_quant.py): each lane of a vector is one output row, each int16 pair one pair
-   of consecutive k, so the input is broadcast one k-pair (one int32) at a time. */
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#define HAVE_I16 1
+   the fp32 sum of the block's x). The inner sums are exact int32 (|xi q| <= 32767 * 128, 32
+   terms): AVX512-VNNI's vpdpwssd does 32 multiply-adds per instruction, AVX2's vpmaddwd 16 (and
+   an add), the portable code one at a time. The only new error is the rounding of x to int16: at
+   most s/2 per element, 2^-16 of its block's largest, ~128x finer than bf16.
+
+   Weights come pre-arranged per group of 16 output rows (BlockWeights.int16_layout in
+   cpu_quant.py), per block of 32 columns: Q4_1 as 4 chunks of 64 bytes, chunk c holding for
+   each row n and half h (byte offset 4n + 2h) one little-endian uint16 whose nibble t is the
+   code of column 2(4c + t) + h; Q8_0 as 16 chunks of 32 bytes, chunk j holding int8 codes of
+   columns 2j + h at offset 2n + h. d and m are fp32 [groups][blocks][16]. So one lane of a vector
+   is one output row and each int16 pair one pair of consecutive columns: the input is broadcast
+   one column pair (one int32) at a time. Rows are padded to a multiple of 32 with zero codes and
+   scales. */
+#define GR 16 /* output rows per group */
+#define MI 4  /* input rows per micro-tile */
+
+#ifndef LEVEL_AVX512
+/* xq[r][k] = round(x / s), xs[r][b] = s, xsum[r][b] = sum of the block's x (an omp for: call it
+   inside a parallel region). */
+static void quantize_rows(const float *x, long M, long K, int16_t *xq, float *xs, float *xsum) {
+    long nb = K / QK;
+#pragma omp for schedule(static)
+    for (long r = 0; r < M; r++)
+        for (long b = 0; b < nb; b++) {
+            const float *p = x + r * K + b * QK;
+            float amax = 0, sum = 0;
+            for (int k = 0; k < QK; k++) {
+                amax = fabsf(p[k]) > amax ? fabsf(p[k]) : amax;
+                sum += p[k];
+            }
+            float inv = amax > 0 ? 32767.0f / amax : 0.0f;
+            xs[r * nb + b] = amax / 32767.0f;
+            xsum[r * nb + b] = sum;
+            for (int k = 0; k < QK; k++) xq[r * K + b * QK + k] = (int16_t)lrintf(p[k] * inv);
+        }
+}
+#endif
+
+#if defined(LEVEL_AVX512)
 #define GR 16 /* output rows per group: one vector */
 #define NG 2  /* groups per panel */
 #define MI 4  /* input rows per micro-tile */
@@ -277,30 +428,145 @@ static int matmul_i16(int q8, const float *x, const uint8_t *codes, const float 
     free(xsum);
     return failed ? -2 : 0;
 }
+
+#elif defined(LEVEL_AVX2)
+/* One group of 16 output rows (two vectors of 8 lanes) for mr input rows: the codes are unpacked
+   in registers, once per block for all mr rows. Stores all 16 rows to y (the caller pads). */
+static inline __attribute__((always_inline)) void micro_i16(int q8, const uint8_t *codes, long nb, const float *d,
+                                                            const float *m, const int16_t *xq, const float *xs,
+                                                            const float *xsum, long K, int mr, float *y, long ldy) {
+    const __m256i low4 = _mm256_set1_epi16(15);
+    __m256 acc[MI][2];
+    for (int r = 0; r < mr; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        __m256i iacc[MI][2];
+        for (int r = 0; r < mr; r++) iacc[r][0] = iacc[r][1] = _mm256_setzero_si256();
+#pragma GCC unroll 4 /* fully unrolled, GCC turns the add chains into trees that spill */
+        for (int j = 0; j < 16; j++) {
+            __m256i w0, w1;
+            if (q8) {
+                const uint8_t *c = codes + (b * 16 + j) * 32;
+                w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)c));
+                w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + 16)));
+            } else {
+                const uint8_t *c = codes + (b * 4 + j / 4) * 64;
+                int shift = 4 * (j % 4);
+                w0 = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)c), shift), low4);
+                w1 = _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256((const __m256i *)(c + 32)), shift), low4);
+            }
+            for (int r = 0; r < mr; r++) {
+                int32_t pair;
+                memcpy(&pair, xq + r * K + b * QK + 2 * j, sizeof pair);
+                __m256i xb = _mm256_set1_epi32(pair);
+                iacc[r][0] = _mm256_add_epi32(iacc[r][0], _mm256_madd_epi16(w0, xb));
+                iacc[r][1] = _mm256_add_epi32(iacc[r][1], _mm256_madd_epi16(w1, xb));
+            }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 dv = _mm256_loadu_ps(d + b * GR + 8 * h);
+            __m256 mv = m ? _mm256_loadu_ps(m + b * GR + 8 * h) : _mm256_setzero_ps();
+            for (int r = 0; r < mr; r++) {
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][h]), _mm256_mul_ps(dv, _mm256_set1_ps(xs[r * nb + b])),
+                                            acc[r][h]);
+                if (m) acc[r][h] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xsum[r * nb + b]), acc[r][h]);
+            }
+        }
+    }
+    for (int r = 0; r < mr; r++) {
+        _mm256_storeu_ps(y + r * ldy, acc[r][0]);
+        _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
+    }
+}
+#else
+/* Portable: the same sums, one multiply-add at a time (compilers vectorize the loops over the
+   16 rows). */
+static inline __attribute__((always_inline)) void micro_i16(int q8, const uint8_t *codes, long nb, const float *d,
+                                                            const float *m, const int16_t *xq, const float *xs,
+                                                            const float *xsum, long K, int mr, float *y, long ldy) {
+    float acc[MI][GR] = {{0}};
+    for (long b = 0; b < nb; b++) {
+        int32_t iacc[MI][GR] = {{0}};
+        for (int j = 0; j < 16; j++) {
+            int16_t w[2][GR];
+            for (int n = 0; n < GR; n++)
+                for (int h = 0; h < 2; h++) {
+                    if (q8) {
+                        w[h][n] = (int8_t)codes[(b * 16 + j) * 32 + 2 * n + h];
+                    } else {
+                        const uint8_t *c = codes + (b * 4 + j / 4) * 64 + 4 * n + 2 * h;
+                        w[h][n] = (int16_t)(((c[0] | c[1] << 8) >> (4 * (j % 4))) & 15);
+                    }
+                }
+            for (int r = 0; r < mr; r++) {
+                int32_t x0 = xq[r * K + b * QK + 2 * j], x1 = xq[r * K + b * QK + 2 * j + 1];
+                for (int n = 0; n < GR; n++) iacc[r][n] += w[0][n] * x0 + w[1][n] * x1;
+            }
+        }
+        for (int r = 0; r < mr; r++)
+            for (int n = 0; n < GR; n++) {
+                acc[r][n] += (float)iacc[r][n] * (d[b * GR + n] * xs[r * nb + b]);
+                if (m) acc[r][n] += m[b * GR + n] * xsum[r * nb + b];
+            }
+    }
+    for (int r = 0; r < mr; r++) memcpy(y + r * ldy, acc[r], sizeof acc[r]);
+}
 #endif
 
-int int16_kernels_available(void) {
-#ifdef HAVE_I16
-    return 1;
-#else
-    return 0;
-#endif
+#ifndef LEVEL_AVX512
+/* Groups of 16 rows split over the threads; per group, the input rows in tiles of MI, written to
+   a 16-wide scratch row and copied out (the last group of a layer may be partly padding). */
+static int matmul_i16(int q8, const float *x, const uint8_t *codes, const float *d, const float *m, float *y,
+                      long M, long N, long K) {
+    if (K % QK) return -1;
+    if (M == 0) return 0;
+    long nb = K / QK, groups = (N + GR - 1) / GR, block_bytes = q8 ? 512 : 256;
+    int16_t *xq = malloc(M * K * sizeof(int16_t));
+    float *xs = malloc(M * nb * sizeof(float)), *xsum = malloc(M * nb * sizeof(float));
+    int failed = !xq || !xs || !xsum;
+    if (!failed) {
+#pragma omp parallel
+        {
+            quantize_rows(x, M, K, xq, xs, xsum); /* ends with the omp for's barrier */
+#pragma omp for schedule(static)
+            for (long g = 0; g < groups; g++) {
+                const uint8_t *c = codes + g * nb * block_bytes;
+                const float *dg = d + g * nb * GR, *mg = m ? m + g * nb * GR : NULL;
+                long rows = N - g * GR < GR ? N - g * GR : GR;
+                for (long i = 0; i < M; i += MI) {
+                    float out[MI][GR];
+                    int mr = M - i < MI ? (int)(M - i) : MI;
+                    const int16_t *xi = xq + i * K;
+                    const float *si = xs + i * nb, *ui = xsum + i * nb;
+#define TILE(Q8, MRC) micro_i16(Q8, c, nb, dg, mg, xi, si, ui, K, MRC, out[0], GR)
+                    if (q8) switch (mr) {
+                        case 4: TILE(1, 4); break;
+                        case 3: TILE(1, 3); break;
+                        case 2: TILE(1, 2); break;
+                        default: TILE(1, 1); break;
+                        }
+                    else switch (mr) {
+                        case 4: TILE(0, 4); break;
+                        case 3: TILE(0, 3); break;
+                        case 2: TILE(0, 2); break;
+                        default: TILE(0, 1); break;
+                        }
+#undef TILE
+                    for (int r = 0; r < mr; r++) memcpy(y + (i + r) * N + g * GR, out[r], rows * sizeof(float));
+                }
+            }
+        }
+    }
+    free(xq);
+    free(xs);
+    free(xsum);
+    return failed ? -2 : 0;
 }
+#endif
 
 int q4_1_matmul_i16(const float *x, const uint8_t *codes, const float *d, const float *m, float *y, long M, long N, long K) {
-#ifdef HAVE_I16
     return matmul_i16(0, x, codes, d, m, y, M, N, K);
-#else
-    (void)x; (void)codes; (void)d; (void)m; (void)y; (void)M; (void)N; (void)K;
-    return -3;
-#endif
 }
 
 int q8_0_matmul_i16(const float *x, const uint8_t *codes, const float *d, float *y, long M, long N, long K) {
-#ifdef HAVE_I16
     return matmul_i16(1, x, codes, d, NULL, y, M, N, K);
-#else
-    (void)x; (void)codes; (void)d; (void)y; (void)M; (void)N; (void)K;
-    return -3;
-#endif
 }

@@ -7,24 +7,17 @@ weights bit for bit (checked at load), so computing from the blocks changes only
 the sums, as any other GEMM would. What changes is the bytes read: a decode step is bound by
 reading the weights, and the blocks are 6.4x (Q4_1) and 3.8x (Q8_0) smaller than fp32.
 
-The kernels (cpu_quant.c, and cpu_attention.c for sut/cpu_attention.py) are compiled together
-with the system's C compiler on first use and cached.
-Their compute is fp32 FMA, so for more than BLOCK_ROWS_MAX rows oneDNN's packed fp32 GEMM is
-faster and each layer switches to it. Without a compiler the engine runs the fp32 path alone.
+The kernels (cpu_quant.c) are built by sut.cpu_build for the CPU's instruction-set level
+(AVX-512, AVX2 or portable C). Their compute is fp32 FMA, so for more than BLOCK_ROWS_MAX rows
+oneDNN's packed fp32 GEMM is faster and each layer switches to it. Without a compiler the engine
+runs the fp32 path alone.
 
-The engine setting int16_activations trades exactness for speed at every batch size: the inputs
-are rounded to int16 per block of 32 and multiplied with the codes on AVX512-VNNI (cpu_quant.c
-says how, and how large the error can be).
+The engine setting int16_activations trades exactness for speed: the inputs are rounded to int16
+per block of 32 and multiplied with the codes in exact integer sums (AVX512-VNNI's vpdpwssd,
+AVX2's vpmaddwd; cpu_quant.c says how, and how large the error can be).
 """
 
-import ctypes
-import hashlib
 import json
-import os
-import platform
-import shutil
-import subprocess
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,76 +25,19 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from sut.cpu_build import library
 from sut.errors import CheckpointError
 from sut.loader import GGUF_BLOCKS_FILE, checkpoint_layout
 from sut.model import FusedLinear
 
 BLOCK = 32  # weights per block in both formats
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
-# Up to this many rows the block kernels beat oneDNN's fp32 GEMM on the 2-core demo machine
-# (`python -m sut.step_bench`, decode steps at batch 1-16, with and without blocks).
-BLOCK_ROWS_MAX = 8
-
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_quant.c", "cpu_attention.c")]
-CFLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser() / "build"
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
-_library: ctypes.CDLL | None = None
-_library_error: str | None = None
-
-
-def library() -> ctypes.CDLL | None:
-    """The compiled kernels, built once per source, flags and CPU; None (with a warning, once)
-    when they cannot be built here."""
-    global _library, _library_error
-    if _library is not None or _library_error is not None:
-        return _library
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    sources = b"".join(source.read_bytes() for source in SOURCES)
-    key = hashlib.sha256(sources + " ".join(CFLAGS).encode() + _cpu_flags().encode()).hexdigest()[:16]
-    path = _cache_dir() / f"cpu_kernels-{platform.machine()}-{key}.so"
-    try:
-        if not path.is_file():
-            if compiler is None:
-                raise RuntimeError("no C compiler (cc) on PATH")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            done = subprocess.run([compiler, *CFLAGS, *map(str, SOURCES), "-o", str(tmp), "-lm"], capture_output=True,
-                                  text=True)
-            if done.returncode != 0:
-                raise RuntimeError(f"{compiler} failed: {done.stderr.strip()[-500:]}")
-            os.replace(tmp, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError) as e:
-        _library_error = str(e)
-        warnings.warn(f"sut.cpu_quant: block kernels unavailable ({e}); CPU linears use fp32 weights only")
-        return None
-    ptr, i64 = ctypes.c_void_p, ctypes.c_long
-    lib.q4_1_matmul.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.q8_0_matmul.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.q4_1_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.q8_0_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.paged_decode_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64, ctypes.c_float]
-    lib.decode_attention_available.argtypes = [i64, i64, i64]
-    lib.q4_1_matmul.restype = lib.q8_0_matmul.restype = lib.paged_decode_attention.restype = ctypes.c_int
-    lib.decode_attention_available.restype = ctypes.c_int
-    lib.q4_1_matmul_i16.restype = lib.q8_0_matmul_i16.restype = lib.int16_kernels_available.restype = ctypes.c_int
-    _library = lib
-    return lib
+# Up to this many rows the exact block kernels beat oneDNN's fp32 GEMM, per instruction-set level
+# (`python -m sut.step_bench` decode steps at batch 1-16 on 2 cores, with and without blocks).
+BLOCK_ROWS_MAX = {"portable": 8, "avx2": 8, "avx512": 8}
+# Up to this many rows the int16 kernels beat oneDNN's fp32 GEMM; above, an int16 layer computes
+# exactly on its dense weights (faster there, and exact).
+INT16_ROWS_MAX = {"portable": 8, "avx2": 16, "avx512": 1 << 30}
 
 
 @dataclass
@@ -167,12 +103,13 @@ class BlockWeights:
             self._int16 = (packed, per_group(self.d), None if self.m is None else per_group(self.m))
         return self._int16
 
-    def matmul_int16(self, x: torch.Tensor) -> torch.Tensor:
-        """`x [M, cols] @ W^T` with `x` rounded to int16 per block of 32 (cpu_quant.c says how)."""
+    def matmul_int16(self, x: torch.Tensor, lib=None) -> torch.Tensor:
+        """`x [M, cols] @ W^T` with `x` rounded to int16 per block of 32 (cpu_quant.c says how), on
+        the kernels `lib` (default: the engine's, sut.cpu_build.library())."""
         rows, cols = self.shape
         codes, d, m = self.int16_layout()
         y = torch.empty(x.shape[0], rows)
-        lib = library()
+        lib = lib or library()
         if self.format == "Q4_1":
             rc = lib.q4_1_matmul_i16(x.data_ptr(), codes.data_ptr(), d.data_ptr(), m.data_ptr(), y.data_ptr(),
                                      x.shape[0], rows, cols)
@@ -182,11 +119,11 @@ class BlockWeights:
             raise RuntimeError(f"cpu_quant: {self.format} int16 kernel failed with code {rc}")
         return y
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """`x [M, cols] @ W^T` (fp32, contiguous) with the compiled kernel."""
+    def matmul(self, x: torch.Tensor, lib=None) -> torch.Tensor:
+        """`x [M, cols] @ W^T` (fp32, contiguous) with the compiled kernel (of `lib`, as above)."""
         rows, cols = self.shape
         y = torch.empty(x.shape[0], rows)
-        lib = library()
+        lib = lib or library()
         if self.format == "Q4_1":
             rc = lib.q4_1_matmul(x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), y.data_ptr(),
                                  x.shape[0], rows, cols)
@@ -198,28 +135,31 @@ class BlockWeights:
 
 
 class BlockQuantLinear(nn.Module):
-    """A linear layer that computes from its blocks for at most BLOCK_ROWS_MAX rows and from its
-    dense weights (`dense`, packed for oneDNN by the runner) otherwise; with `int16`, from its
-    blocks with int16 inputs (BlockWeights.matmul_int16) for any number of rows, and has no dense
-    weights."""
+    """A linear layer that computes from its blocks for at most `block_rows` rows and from its
+    dense weights (`dense`, packed for oneDNN by the runner) otherwise. With `int16`, from its
+    blocks with int16 inputs (BlockWeights.matmul_int16) up to INT16_ROWS_MAX rows; on a level
+    where that is every batch, it keeps no dense weights. `lib`: the kernels (default: the
+    engine's level, sut.cpu_build.library())."""
 
-    def __init__(self, dense: nn.Linear, blocks: BlockWeights, int16: bool = False):
+    def __init__(self, dense: nn.Linear, blocks: BlockWeights, int16: bool = False, lib=None):
         super().__init__()
         self.blocks, self.int16, self.bias = blocks, int16, dense.bias
         self.out_features = dense.out_features
-        # With int16 the dense weights are never read: drop them (and the runner's packing of them).
-        self.dense = None if int16 else dense
+        self.lib = lib or library()
+        self.block_rows = (INT16_ROWS_MAX if int16 else BLOCK_ROWS_MAX)[self.lib.level]
+        # Dense weights that are never read are dropped (and the runner does not pack them).
+        self.dense = None if self.block_rows >= 1 << 30 else dense
         if int16:
             blocks.int16_layout()  # built at load, not in the first step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if self.int16:
-            y = self.blocks.matmul_int16(flat.contiguous())
-        elif flat.shape[0] > BLOCK_ROWS_MAX:
+        if flat.shape[0] > self.block_rows:
             return self.dense(x)
+        if self.int16:
+            y = self.blocks.matmul_int16(flat.contiguous(), self.lib)
         else:
-            y = self.blocks.matmul(flat.contiguous())
+            y = self.blocks.matmul(flat.contiguous(), self.lib)
         if self.bias is not None:
             y += self.bias
         return y.view(*x.shape[:-1], self.out_features)
@@ -240,14 +180,10 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path, int16: bool = False
     """Wrap each fp32 CPU linear of `model` whose weights GGUF_BLOCKS_FILE in `folder` holds in a
     BlockQuantLinear (with int16 inputs if `int16`); return how many. Call before the linears are
     packed (the check needs the dense weights). Does nothing when the file is absent or the kernels
-    cannot be built; `int16` without AVX512-VNNI warns and computes exactly."""
+    cannot be built."""
     path = Path(folder) / GGUF_BLOCKS_FILE
     if not path.is_file() or library() is None:
         return 0
-    if int16 and not library().int16_kernels_available():
-        warnings.warn("sut.cpu_quant: int16_activations needs AVX512-VNNI, which this CPU (or compiler) lacks; "
-                      "linears compute exactly instead")
-        int16 = False
     targets = [(name, m) for name, m in model.named_modules()
                if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
     checkpoint_names = _checkpoint_names(model)

@@ -104,9 +104,8 @@ class LlamaMLP(nn.Module):
                                                              "up_proj": config.intermediate_size}, bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
 
-    def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(nn.functional.silu(gate) * up)
+    def forward(self, x, ops: KernelOps):
+        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -123,7 +122,7 @@ class LlamaDecoderLayer(nn.Module):
         x, residual = self.input_layernorm(x, residual, ops)
         x = self.self_attn(x, rope, meta, ops)
         x, residual = self.post_attention_layernorm(x, residual, ops)
-        return self.mlp(x), residual
+        return self.mlp(x, ops), residual
 
 
 class LlamaModel(nn.Module):

@@ -10,8 +10,10 @@ import torch
 from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
 from kernels.triton_utils import interpreting
 from sut.config import EngineConfig, ModelConfig
+from sut.cpu_build import library
+from sut.cpu_layer import CpuDecoder
 from sut.cpu_linear import pack_linears
-from sut.cpu_attention import cpu_ops
+from sut.cpu_ops import cpu_ops
 from sut.cpu_quant import attach_gguf_blocks
 from sut.errors import ConfigError
 from sut.loader import load_model
@@ -70,6 +72,10 @@ class ModelRunner:
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.v_cache = self.kv_cache[1, i]
+        # Decode-only steps in one C call where every linear computes from blocks (sut/cpu_layer.py).
+        self.cpu_decoder = None
+        if cpu_auto and dtype == torch.float32 and library() is not None and CpuDecoder.applies(self.model):
+            self.cpu_decoder = CpuDecoder(self.model, library())
 
     def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig) -> int:
         if config.kv_cache_memory_gb is not None:
@@ -113,7 +119,10 @@ class ModelRunner:
             slot_mapping=tensor(slots, torch.int64), block_tables=tensor(block_tables), cu_seqlens_q=tensor(cu_seqlens),
             seq_lens=tensor(seq_lens), query_lens_host=query_lens, seq_lens_host=seq_lens,
         )
-        hidden = self.model(tensor(input_ids, torch.int64), tensor(positions, torch.int64), meta)
+        ids, positions = tensor(input_ids, torch.int64), tensor(positions, torch.int64)
+        hidden = self.cpu_decoder and self.cpu_decoder.forward(ids, positions, meta)
+        if hidden is None:
+            hidden = self.model(ids, positions, meta)
         if not sample_rows:
             return hidden.new_empty(0, 0, dtype=torch.float32), []
         return self.model.compute_logits(hidden[tensor(sample_rows, torch.int64)]), sample_seqs

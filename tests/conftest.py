@@ -13,6 +13,12 @@ if not torch.cuda.is_available():
 
 torch.manual_seed(0)
 
+from sut.cpu_build import runnable_levels  # noqa: E402 (after TRITON_INTERPRET)
+
+# The C kernels' instruction-set levels this CPU runs, for the tests that run each one
+# (tests/test_cpu_build.py names, as a skip, the levels it cannot run).
+LEVELS = runnable_levels()
+
 SMOLLM2_DIR = Path(os.environ.get("SAAF_MODEL_DIR", Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser()
                                   / "models" / "smollm2-135m-instruct"))
 

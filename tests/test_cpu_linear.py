@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from sut import LLMEngine
-from sut.cpu_linear import PackedLinear, onednn_available, pack_linears
+from sut.cpu_linear import PackedLinear, onednn_available, pack_linears, packable_dtypes
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 
@@ -16,11 +16,15 @@ TOLERANCE = {torch.float32: dict(atol=1e-5, rtol=1e-5), torch.bfloat16: dict(ato
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("rows", [1, 3, 64, 300])
 def test_packed_linear_matches_nn_linear(dtype, bias, rows):
+    """Where this CPU has no oneDNN bf16 path, bf16 layers stay nn.Linear: that is checked instead."""
     torch.manual_seed(rows)
     linear = nn.Linear(96, 160, bias=bias).to(dtype)
     x = torch.randn(rows, 96, dtype=dtype)
     expected = linear(x)
-    got = PackedLinear(linear)(x)
+    model = nn.Sequential(linear)
+    assert pack_linears(model) == (dtype in packable_dtypes())
+    assert isinstance(model[0], PackedLinear) == (dtype in packable_dtypes())
+    got = model(x)
     assert got.dtype == dtype and got.shape == expected.shape
     torch.testing.assert_close(got.float(), expected.float(), **TOLERANCE[dtype])
 

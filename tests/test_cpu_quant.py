@@ -11,12 +11,13 @@ from torch import nn
 from kernels import AttentionMetadata
 
 from sut import LLM, SamplingParams
-from sut.cpu_quant import (BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, BlockQuantLinear, BlockWeights,
-                           library, write_gguf_blocks)
+from sut.cpu_build import library
+from sut.cpu_quant import INT16_ROWS_MAX
+from sut.cpu_quant import BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, BlockQuantLinear, BlockWeights, write_gguf_blocks
 from sut.errors import CheckpointError
 from sut.loader import GGUF_BLOCKS_FILE
 
-from conftest import hf_greedy, random_prompts
+from conftest import LEVELS, hf_greedy, random_prompts
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build sut/cpu_quant.c")
 
@@ -41,27 +42,24 @@ def test_dequantize_matches_gguf_exactly(fmt):
     assert np.array_equal(BlockWeights.from_raw(raw, fmt).dequantize().numpy(), expected)
 
 
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("rows_out, cols", [(1, 32), (7, 96), (64, 576), (130, 1536)])
 @pytest.mark.parametrize("batch", [1, 2, 3, 4, 5, 8, 9, 17])
-def test_kernel_matches_dense_product(fmt, rows_out, cols, batch):
+def test_kernel_matches_dense_product(level, fmt, rows_out, cols, batch):
     blocks = BlockWeights.from_raw(random_blocks(rows_out, cols, fmt, seed=rows_out + batch), fmt)
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch))
     w = blocks.dequantize().double()
-    error = (blocks.matmul(x).double() - x.double() @ w.T).abs()
+    error = (blocks.matmul(x, library(level)).double() - x.double() @ w.T).abs()
     # fp32 sums of `cols` terms: rounding error within a small multiple of eps * sum |x * w|
     assert (error <= 1e-5 * (x.double().abs() @ w.abs().T)).all()
 
 
-needs_int16 = pytest.mark.skipif(library() is None or not library().int16_kernels_available(),
-                                 reason="the int16 kernels need AVX512-VNNI")
-
-
-@needs_int16
+@pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("rows_out, cols", [(1, 32), (7, 96), (40, 576), (130, 1536)])
 @pytest.mark.parametrize("batch", [1, 3, 4, 5, 8, 17, 64])
-def test_int16_kernel_error_is_that_of_rounding_x_to_int16(fmt, rows_out, cols, batch):
+def test_int16_kernel_error_is_that_of_rounding_x_to_int16(level, fmt, rows_out, cols, batch):
     """x is rounded per block of 32 to a multiple of s = max|x| / 32767: each element moves by at
     most s / 2, so y moves by at most sum_k s_k / 2 * |w_k| (plus fp32 rounding of the sums)."""
     blocks = BlockWeights.from_raw(random_blocks(rows_out, cols, fmt, seed=rows_out + batch), fmt)
@@ -70,38 +68,29 @@ def test_int16_kernel_error_is_that_of_rounding_x_to_int16(fmt, rows_out, cols, 
     w = blocks.dequantize().double()
     half_step = (x.view(batch, -1, BLOCK).abs().amax(-1, keepdim=True) / 32767 / 2).expand(-1, -1, BLOCK).reshape(batch, cols)
     bound = half_step @ w.abs().T + 1e-5 * (x.abs() @ w.abs().T)
-    error = (blocks.matmul_int16(x.float()).double() - x @ w.T).abs()
+    error = (blocks.matmul_int16(x.float(), library(level)).double() - x @ w.T).abs()
     assert (error <= bound).all()
     assert (error > 0).any()  # not the exact path by mistake
 
 
-@needs_int16
-def test_int16_layer_uses_the_int16_kernel_for_every_batch(monkeypatch):
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("int16", [False, True])
+def test_block_linear_uses_blocks_up_to_its_levels_row_limit(monkeypatch, level, int16):
     dense = nn.Linear(64, 40, bias=True)
     blocks = BlockWeights.from_raw(random_blocks(40, 64, "Q4_1"), "Q4_1")
     dense.weight.data = blocks.dequantize()
-    layer = BlockQuantLinear(dense, blocks, int16=True)
+    layer = BlockQuantLinear(dense, blocks, int16, library(level))
+    limit = (INT16_ROWS_MAX if int16 else BLOCK_ROWS_MAX)[level]
+    assert layer.block_rows == limit and (layer.dense is None) == (limit >= 1 << 30)
     calls = []
-    matmul_int16 = BlockWeights.matmul_int16
-    monkeypatch.setattr(BlockWeights, "matmul_int16", lambda self, x: calls.append(x.shape[0]) or matmul_int16(self, x))
-    for rows in (0, 1, BLOCK_ROWS_MAX + 1, 300):
+    name = "matmul_int16" if int16 else "matmul"
+    kernel = getattr(BlockWeights, name)
+    monkeypatch.setattr(BlockWeights, name, lambda self, x, lib: calls.append(x.shape[0]) or kernel(self, x, lib))
+    rows_tried = [0, 1, min(limit, 300), min(limit + 1, 300), 300]
+    for rows in rows_tried:
         x = torch.randn(rows, 64)
-        torch.testing.assert_close(layer(x), dense(x), rtol=1e-3, atol=1e-3)
-    assert calls == [0, 1, BLOCK_ROWS_MAX + 1, 300]
-
-
-def test_block_linear_uses_blocks_only_for_small_batches(monkeypatch):
-    dense = nn.Linear(64, 40, bias=True)
-    blocks = BlockWeights.from_raw(random_blocks(40, 64, "Q4_1"), "Q4_1")
-    dense.weight.data = blocks.dequantize()
-    layer = BlockQuantLinear(dense, blocks)
-    calls = []
-    matmul = BlockWeights.matmul
-    monkeypatch.setattr(BlockWeights, "matmul", lambda self, x: calls.append(x.shape[0]) or matmul(self, x))
-    for rows in (1, BLOCK_ROWS_MAX, BLOCK_ROWS_MAX + 1, 40):
-        x = torch.randn(rows, 64)
-        torch.testing.assert_close(layer(x), dense(x), rtol=1e-5, atol=1e-5)
-    assert calls == [1, BLOCK_ROWS_MAX]
+        torch.testing.assert_close(layer(x), dense(x), rtol=1e-3 if int16 else 1e-5, atol=1e-3 if int16 else 1e-5)
+    assert calls == [rows for rows in rows_tried if rows <= limit]
     assert layer(torch.randn(2, 3, 64)).shape == (2, 3, 40)
 
 
@@ -191,7 +180,6 @@ def prefill_metadata(n: int) -> AttentionMetadata:
                              torch.tensor([n], dtype=i32), [n], [n])
 
 
-@needs_int16
 def test_smollm2_int16_activations_stay_close_to_exact(smollm2_dir):
     """With int16_activations every linear, prefill included, computes with int16 inputs: the
     last-token logits of real prompts stay within a small fraction of their spread of the exact
