@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
-from compliance.loadgen_logs import MLLOG_MARKER
+from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import package
 from harness.config import REPO
 from sut import LLM, SamplingParams
@@ -147,6 +147,22 @@ def _n_tokens_off_by_one(entry):
     entry["token_count"] += 1
 
 
+def _prepend_detail_entry(path, key, value):
+    """A second entry for `key`, logged before LoadGen's own one."""
+    lines = path.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(MLLOG_MARKER))
+    entry = dict(json.loads(lines[first][len(MLLOG_MARKER):]), key=key, value=value)
+    lines.insert(first, MLLOG_MARKER + " " + json.dumps(entry))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _append_detail_entry(path, key, value, is_error=False):
+    entry = {"key": key, "value": value, "time_ms": 0, "namespace": "mlperf::logging", "event_type": "POINT_IN_TIME",
+             "metadata": {"is_error": is_error, "is_warning": False, "file": "x.cc", "line_no": 1, "pid": 1, "tid": 1}}
+    with open(path, "a") as f:
+        f.write(MLLOG_MARKER + " " + json.dumps(entry) + "\n")
+
+
 def _edit_text(path, old, new):
     text = path.read_text()
     assert re.search(old, text), (old, text)
@@ -194,6 +210,20 @@ DEFECTS = {
                                  r"tiny.json: \[system\] required field 'accelerators_per_node' is empty"),
     "division contradicted by the system file": (lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
                                                  r"\[system\] division 'closed' contradicts the path's division 'open'"),
+    "a repeated key: the first entry counts": (
+        lambda org: _prepend_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
+                                          "effective_sample_index_rng_seed", 777),
+        r"Offline/performance/run_1/mlperf_log_detail.txt: \[seeds\] effective_sample_index_rng_seed is 777"),
+    "a LoadGen error logged after the results": (
+        lambda org: _append_detail_entry(org / O / "accuracy/mlperf_log_detail.txt", "error_runtime",
+                                         "Number of tokens need to be greater than 1", is_error=True),
+        r"Offline/accuracy/mlperf_log_detail.txt: \[loadgen-errors\] LoadGen logged an error: error_runtime: "
+        r"Number of tokens need to be greater than 1"),
+}
+# Changes after which the tree still passes.
+GOOD_VARIANTS = {
+    "a later repeat of a key": lambda org: _append_detail_entry(org / S / "performance/run_1/mlperf_log_detail.txt",
+                                                                "result_validity", "INVALID"),
 }
 
 
@@ -206,6 +236,25 @@ def test_each_planted_defect_is_caught_and_named(chain, tmp_path, defect):
     plant(copy / "open" / "TestOrg")
     errors = check_tree(copy, demo=True).errors
     assert any(re.search(message, e) for e in errors), (defect, errors)
+
+
+@pytest.mark.parametrize("variant", sorted(GOOD_VARIANTS))
+def test_good_variants_pass(chain, tmp_path, variant):
+    _, tree, _ = chain
+    copy = tmp_path / "submission"
+    shutil.copytree(tree, copy)
+    GOOD_VARIANTS[variant](copy / "open" / "TestOrg")
+    assert check_tree(copy, demo=True).errors == []
+
+
+def test_detail_log_reads_as_the_official_parser(tmp_path):
+    log = tmp_path / "mlperf_log_detail.txt"
+    for key, value, is_error in [("result_validity", "VALID", False), ("error_runtime", "a", True),
+                                 ("result_validity", "INVALID", False), ("error_runtime", "b", True)]:
+        _append_detail_entry(log, key, value, is_error)
+    values, errors = read_detail_log(log)
+    assert values == {"result_validity": "VALID", "error_runtime": "a"}
+    assert errors == ["error_runtime: a", "error_runtime: b"]
 
 
 @pytest.mark.parametrize("system_file", sorted((REPO / "systems").glob("*.json")), ids=lambda p: p.stem)
