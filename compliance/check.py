@@ -1,13 +1,14 @@
 """Our submission checker: the official v6.1 checks that apply to the LLM benchmarks (structure,
-required scenarios, system fields, seeds, minimum duration and sample counts, LoadGen errors,
-accuracy patterns and targets, TTFT/TPOT limits, TEST06), plus the latency and validity audit
-(compliance/audit.py). Every failure names the file and the rule.
+required scenarios, system fields, seeds, minimum duration and sample counts, accuracy-run
+coverage, LoadGen errors, accuracy patterns and targets, TTFT/TPOT limits, TEST06), plus our own:
+equal-issue mode, and the latency and validity audit (compliance/audit.py). Every failure names
+the file and the rule.
 
     python -m compliance.check TREE [--demo]
 
 TREE holds `closed/` and/or `open/`, as the official checker's `--input`. `--demo` turns only the
-rules that the CPU demo knowingly shortens (minimum duration, sample and dataset counts) into
-warnings. Exit status 0 only when the tree passes.
+rules that the CPU demo knowingly shortens (minimum duration, sample and dataset counts, equal-issue
+mode) into warnings. Exit status 0 only when the tree passes.
 """
 
 import argparse
@@ -41,6 +42,7 @@ class BenchmarkRules:
     eos_token_ids: frozenset  # of the benchmark's own model, for TEST06's EOS check
     scenarios: tuple = DATACENTER  # (all required, at least one of)
     test06: bool = True
+    equal_issue: bool = True  # mlperf.conf sets sample_concatenate_permutation = 1 (all the LLMs)
 
 
 BENCHMARK_RULES = {
@@ -143,6 +145,13 @@ def check_performance(scenario_dir: Path, rules: BenchmarkRules, scenario: str, 
             report.fail(log, "early-stopping", "early_stopping_met is false")
         if values.get("effective_target_latency_ns", 0) > 20_000_000_000:
             report.fail(log, "target-latency", "effective_target_latency_ns is above 20 s")
+    # The official checker tests this only for v4.1 (Config.requires_equal_issue), and there with the
+    # condition inverted; mlperf.conf turns it on for every LLM, and only TEST06's audit.config off.
+    if rules.equal_issue and not values.get("effective_sample_concatenate_permutation"):
+        report.fail(log, "equal-issue", f"effective_sample_concatenate_permutation is "
+                    f"{values.get('effective_sample_concatenate_permutation')}; mlperf.conf sets "
+                    f"{rules.loadgen_model}.*.sample_concatenate_permutation = 1 (equal-issue mode)",
+                    demo_shortened=True)
     for failure in audit_values(values, errors, rules.loadgen_model, scenario):
         report.fail(log, "latency-validity-audit", failure)
 
@@ -168,9 +177,12 @@ def check_accuracy(scenario_dir: Path, rules: BenchmarkRules, scenario: str, tar
     _check_common_log(log, values, rules, scenario, report)
     for error in errors:
         report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
-    if values.get("qsl_reported_total_count") != rules.dataset_size:
-        report.fail(log, "dataset-size", f"qsl_reported_total_count {values.get('qsl_reported_total_count')} is "
-                    f"not the dataset size {rules.dataset_size}", demo_shortened=True)
+    # As the official AccuracyCheck.dataset_check: the samples the run covered, which an
+    # accuracy_sample_count_override shortens; qsl_reported_total_count only when that is not logged.
+    key = "effective_accuracy_sample_count" if "effective_accuracy_sample_count" in values else "qsl_reported_total_count"
+    if values.get(key) != rules.dataset_size:
+        report.fail(log, "dataset-size", f"{key} {values.get(key)} is not the dataset size {rules.dataset_size}: "
+                    "the accuracy run does not cover the whole dataset", demo_shortened=True)
     size = (acc_dir / "mlperf_log_accuracy.json").stat().st_size
     if size > MAX_ACCURACY_LOG_BYTES:
         report.fail(acc_dir / "mlperf_log_accuracy.json", "accuracy-log-size",

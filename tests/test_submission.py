@@ -99,6 +99,7 @@ def test_good_tree_passes_the_checker(chain):
     # Without --demo only the rules the demo knowingly shortens fail.
     strict = check_tree(tree, demo=False)
     assert strict.errors and all(re.search(r"\[(min-duration|sample-count|dataset-size)\]", e) for e in strict.errors)
+    assert any("effective_accuracy_sample_count 24 is not the dataset size 13368" in e for e in strict.errors)
     assert len(strict.errors) == len(report.warnings)
     org = tree / "open" / "TestOrg"
     assert json.loads((org / "model_mapping.json").read_text()) == {"tiny-llama": "llama3.1-8b"}
@@ -220,6 +221,18 @@ DEFECTS = {
         r"Offline/accuracy/mlperf_log_detail.txt: \[loadgen-errors\] LoadGen logged an error: error_runtime: "
         r"Number of tokens need to be greater than 1"),
 }
+# Rules the demo knowingly shortens: errors without --demo, warnings with it.
+DEMO_SHORTENED_DEFECTS = {
+    "shortened accuracy run": (
+        lambda org: _set_detail_value(org / O / "accuracy/mlperf_log_detail.txt", "effective_accuracy_sample_count", 10),
+        r"Offline/accuracy/mlperf_log_detail.txt: \[dataset-size\] effective_accuracy_sample_count 10 is not the "
+        r"dataset size 13368"),
+    "equal-issue mode off": (
+        lambda org: _set_detail_value(org / S / "performance/run_1/mlperf_log_detail.txt",
+                                      "effective_sample_concatenate_permutation", False),
+        r"Server/performance/run_1/mlperf_log_detail.txt: \[equal-issue\] effective_sample_concatenate_permutation is "
+        r"False; mlperf.conf sets llama3_1-8b.\*.sample_concatenate_permutation = 1"),
+}
 # Changes after which the tree still passes.
 GOOD_VARIANTS = {
     "a later repeat of a key": lambda org: _append_detail_entry(org / S / "performance/run_1/mlperf_log_detail.txt",
@@ -236,6 +249,20 @@ def test_each_planted_defect_is_caught_and_named(chain, tmp_path, defect):
     plant(copy / "open" / "TestOrg")
     errors = check_tree(copy, demo=True).errors
     assert any(re.search(message, e) for e in errors), (defect, errors)
+
+
+@pytest.mark.parametrize("defect", sorted(DEMO_SHORTENED_DEFECTS))
+def test_each_demo_shortened_defect_is_an_error_outside_the_demo(chain, tmp_path, defect):
+    _, tree, _ = chain
+    copy = tmp_path / "submission"
+    shutil.copytree(tree, copy)
+    plant, message = DEMO_SHORTENED_DEFECTS[defect]
+    assert not any(re.search(message, e) for e in check_tree(copy, demo=False).errors)
+    plant(copy / "open" / "TestOrg")
+    demo, strict = check_tree(copy, demo=True), check_tree(copy, demo=False)
+    assert not any(re.search(message, e) for e in demo.errors), (defect, demo.errors)
+    assert any(re.search(message, w) for w in demo.warnings), (defect, demo.warnings)
+    assert any(re.search(message, e) for e in strict.errors), (defect, strict.errors)
 
 
 @pytest.mark.parametrize("variant", sorted(GOOD_VARIANTS))
