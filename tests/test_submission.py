@@ -211,6 +211,18 @@ DEFECTS = {
                                  r"tiny.json: \[system\] required field 'accelerators_per_node' is empty"),
     "division contradicted by the system file": (lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
                                                  r"\[system\] division 'closed' contradicts the path's division 'open'"),
+    "datacenter benchmark on an edge system": (
+        lambda org: _edit_system(org / "systems/tiny.json", system_type="edge"),
+        r"results/tiny/tiny-llama: \[system-type\] llama3.1-8b is not a benchmark of a 'edge' system; it needs a "
+        r"system_type of datacenter"),
+    "edge benchmark on a datacenter system": (
+        lambda org: (org / "model_mapping.json").write_text(json.dumps({"tiny-llama": "llama3.1-8b-edge"})),
+        r"results/tiny/tiny-llama: \[system-type\] llama3.1-8b-edge is not a benchmark of a 'datacenter' system; "
+        r"it needs a system_type of edge"),
+    "a scenario the benchmark does not allow": (
+        lambda org: shutil.copytree(org / O, org / O.replace("Offline", "SingleStream")),
+        r"tiny-llama/SingleStream: \[allowed-scenarios\] llama3.1-8b on a 'datacenter' system allows only "
+        r"\['Interactive', 'Offline', 'Server'\]"),
     "a repeated key: the first entry counts": (
         lambda org: _prepend_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
                                           "effective_sample_index_rng_seed", 777),
@@ -235,7 +247,8 @@ DEMO_SHORTENED_DEFECTS = {
 }
 # Changes after which the tree still passes.
 GOOD_VARIANTS = {
-    "a later repeat of a key": lambda org: _append_detail_entry(org / S / "performance/run_1/mlperf_log_detail.txt",
+    "a datacenter,edge system": lambda org: _edit_system(org / "systems/tiny.json", system_type="datacenter,edge"),
+    "a later repeat of a key": lambda org: _append_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
                                                                 "result_validity", "INVALID"),
 }
 
