@@ -1,8 +1,8 @@
 """Our submission checker: the official v6.1 checks that apply to the LLM benchmarks (structure,
 required and allowed scenarios per system type, system fields, seeds, minimum duration and sample
 counts, accuracy-run coverage, LoadGen errors, accuracy patterns and targets, TTFT/TPOT limits,
-TEST06), plus our own: equal-issue mode, and the latency and validity audit (compliance/audit.py).
-Every failure names the file and the rule.
+TEST06), plus our own: equal-issue mode, src/<benchmark>/README.md, and the latency and validity
+audit (compliance/audit.py). Every failure names the file and the rule.
 
     python -m compliance.check TREE [--demo]
 
@@ -297,6 +297,10 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
                 report.fail(bench_dir, "benchmark", f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARK_RULES)}"
                             + ("; an open-division model needs model_mapping.json" if division == "open" else ""))
                 continue
+            readme = org / "src" / bench_dir.name / "README.md"
+            if not readme.is_file() or readme.stat().st_size == 0:
+                report.fail(readme, "structure", "missing or empty: src/<benchmark>/ holds each benchmark's README, "
+                            "as in the official sample tree (the official checker asks only for src/)")
             scenarios = {p.name for p in bench_dir.iterdir() if p.is_dir()}
             for unknown in sorted(scenarios - SCENARIO_DIRS):
                 report.fail(bench_dir / unknown, "structure", "not a scenario folder")

@@ -13,7 +13,7 @@ import pytest
 
 from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
-from compliance.package import package
+from compliance.package import PackagingError, package
 from harness.config import REPO
 from sut import LLM, SamplingParams
 from tests.conftest import SMOLLM2_DIR, random_prompts
@@ -110,6 +110,7 @@ def test_good_tree_passes_the_checker(chain):
     assert (scenario / "accuracy" / "mlperf_log_accuracy.json").stat().st_size <= 10240
     assert re.search(r"^hash=[0-9a-f]{64}$", (scenario / "accuracy" / "accuracy.txt").read_text(), re.MULTILINE)
     assert "saaf_harness" not in json.loads((org / "systems" / "tiny.json").read_text())
+    assert "python -m harness run --system tiny --benchmark llama3.1-8b" in (org / "src/tiny-llama/README.md").read_text()
 
 
 def _set_detail_value(path, key, value):
@@ -232,6 +233,9 @@ DEFECTS = {
                                          "Number of tokens need to be greater than 1", is_error=True),
         r"Offline/accuracy/mlperf_log_detail.txt: \[loadgen-errors\] LoadGen logged an error: error_runtime: "
         r"Number of tokens need to be greater than 1"),
+    "no per-benchmark README in src/": (
+        lambda org: (org / "src/tiny-llama/README.md").unlink(),
+        r"src/tiny-llama/README.md: \[structure\] missing or empty"),
 }
 # Rules the demo knowingly shortens: errors without --demo, warnings with it.
 DEMO_SHORTENED_DEFECTS = {
@@ -295,6 +299,33 @@ def test_detail_log_reads_as_the_official_parser(tmp_path):
     values, errors = read_detail_log(log)
     assert values == {"result_validity": "VALID", "error_runtime": "a"}
     assert errors == ["error_runtime: a", "error_runtime: b"]
+
+
+def test_packaging_another_system_keeps_the_tree(chain, tmp_path):
+    """A second system, with its own substituted model for the same benchmark, packaged into the
+    same tree: both results folders, both model_mapping.json entries and both src READMEs stay."""
+    root, tree, _ = chain
+    copy_root, copy = tmp_path / "repo", tmp_path / "submission"
+    shutil.copytree(root, copy_root, ignore=shutil.ignore_patterns("submission"))
+    shutil.copytree(tree, copy)
+    system = json.loads((copy_root / "systems/tiny.json").read_text())
+    system["saaf_harness"]["model_name"] = "tiny-llama-2"
+    (copy_root / "systems/tiny2.json").write_text(json.dumps(system))
+    shutil.copytree(copy_root / "measurements/tiny", copy_root / "measurements/tiny2")
+    shutil.copytree(copy_root / "build/logs/tiny", copy_root / "build/logs/tiny2")
+    org, failures = package("tiny2", copy, root=copy_root)
+    assert not failures
+    assert json.loads((org / "model_mapping.json").read_text()) == {"tiny-llama": "llama3.1-8b",
+                                                                    "tiny-llama-2": "llama3.1-8b"}
+    for system_name, name in (("tiny", "tiny-llama"), ("tiny2", "tiny-llama-2")):
+        assert (org / "results" / system_name / name / "Server" / "accuracy" / "accuracy.txt").is_file()
+        assert (org / "src" / name / "README.md").is_file()
+    assert check_tree(copy, demo=True).errors == []
+    # One substituted model_name for two benchmarks would put both in one results folder.
+    system["saaf_harness"]["datasets"]["llama2-70b-99.9"] = system["saaf_harness"]["datasets"]["llama3.1-8b"]
+    (copy_root / "systems/tiny3.json").write_text(json.dumps(system))
+    with pytest.raises(PackagingError, match="one model_name 'tiny-llama-2' for the benchmarks"):
+        package("tiny3", copy, root=copy_root)
 
 
 @pytest.mark.parametrize("system_file", sorted((REPO / "systems").glob("*.json")), ids=lambda p: p.stem)
