@@ -42,8 +42,8 @@ def main() -> None:
         width = max(map(len, batch))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-        with torch.inference_mode():
-            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=2,
+        with torch.inference_mode():  # min_new_tokens as the harness's min_tokens (the reference SUT's 1)
+            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=1,
                                  max_new_tokens=args.max_new_tokens, pad_token_id=pad)
         for row in gen[:, width:].tolist():
             outputs.append(row[:row.index(eos) + 1] if eos in row else row)

@@ -27,6 +27,8 @@ def audit_values(values: dict, errors: list[str], loadgen_model: str, scenario: 
     if not values.get("requested_use_token_latencies"):
         failures.append("token latencies were not on (requested_use_token_latencies)")
     if scenario in ("Server", "Interactive"):
+        if scenario not in LATENCY_LIMITS_MS.get(loadgen_model, {}):  # an edge benchmark has no Server
+            return failures + [f"{loadgen_model} has no {scenario} TTFT/TPOT limits"]
         ttft_limit, tpot_limit = LATENCY_LIMITS_MS[loadgen_model][scenario]
         requested = (values.get("requested_server_ttft_latency"), values.get("requested_server_tpot_latency"))
         if requested != (ttft_limit * 1_000_000, tpot_limit * 1_000_000):

@@ -1,13 +1,14 @@
 """Our submission checker: the official v6.1 checks that apply to the LLM benchmarks (structure,
-required scenarios, system fields, seeds, minimum duration and sample counts, LoadGen errors,
-accuracy patterns and targets, TTFT/TPOT limits, TEST06), plus the latency and validity audit
-(compliance/audit.py). Every failure names the file and the rule.
+required and allowed scenarios per system type, system fields, seeds, minimum duration and sample
+counts, accuracy-run coverage, LoadGen errors, accuracy patterns and targets, TTFT/TPOT limits,
+TEST06), plus our own: equal-issue mode, src/<benchmark>/README.md, and the latency and validity
+audit (compliance/audit.py). Every failure names the file and the rule.
 
     python -m compliance.check TREE [--demo]
 
 TREE holds `closed/` and/or `open/`, as the official checker's `--input`. `--demo` turns only the
-rules that the CPU demo knowingly shortens (minimum duration, sample and dataset counts) into
-warnings. Exit status 0 only when the tree passes.
+rules that the CPU demo knowingly shortens (minimum duration, sample and dataset counts, equal-issue
+mode) into warnings. Exit status 0 only when the tree passes.
 """
 
 import argparse
@@ -30,8 +31,11 @@ MIN_DURATION_MS = 600_000
 
 
 LLAMA3_EOS = frozenset({128001, 128008, 128009})
-DATACENTER = (frozenset({"Offline"}), frozenset({"Server", "Interactive"}))  # Offline and one of the others
-EDGE = (frozenset({"Offline", "SingleStream"}), frozenset())
+# The v6.1 checker's required-scenarios-* and optional-scenarios-* lists (constants.py): system type ->
+# (required, optional). With both Server and Interactive optional, one of them is required. A
+# "datacenter,edge" system allows what either of its types allows.
+DATACENTER = {"datacenter": (frozenset({"Offline"}), frozenset({"Server", "Interactive"}))}
+EDGE = {"edge": (frozenset({"Offline", "SingleStream"}), frozenset())}
 
 
 @dataclass(frozen=True)
@@ -39,8 +43,9 @@ class BenchmarkRules:
     loadgen_model: str
     dataset_size: int
     eos_token_ids: frozenset  # of the benchmark's own model, for TEST06's EOS check
-    scenarios: tuple = DATACENTER  # (all required, at least one of)
+    scenarios: dict = field(default_factory=lambda: DATACENTER)  # system type -> (required, optional)
     test06: bool = True
+    equal_issue: bool = True  # mlperf.conf sets sample_concatenate_permutation = 1 (all the LLMs)
 
 
 BENCHMARK_RULES = {
@@ -105,10 +110,11 @@ def _read_json(path: Path, report: Report, rule: str):
         return None
 
 
-def check_system(path: Path, division: str, submitter: str, report: Report) -> None:
+def check_system(path: Path, division: str, submitter: str, report: Report) -> dict | None:
+    """Check one systems/<id>.json; return its contents (None if it cannot be read)."""
     desc = _read_json(path, report, "system")
     if desc is None:
-        return
+        return None
     for key in SYSTEM_REQUIRED_FIELDS:
         if key not in desc:
             report.fail(path, "system", f"required field {key!r} is missing")
@@ -126,6 +132,7 @@ def check_system(path: Path, division: str, submitter: str, report: Report) -> N
         report.fail(path, "system", f"submitter {desc.get('submitter')!r} contradicts the path's {submitter!r}")
     if division == "closed" and desc.get("is_network"):
         report.fail(path, "system", "is_network must be false in the closed division")
+    return desc
 
 
 def check_performance(scenario_dir: Path, rules: BenchmarkRules, scenario: str, report: Report) -> None:
@@ -143,6 +150,13 @@ def check_performance(scenario_dir: Path, rules: BenchmarkRules, scenario: str, 
             report.fail(log, "early-stopping", "early_stopping_met is false")
         if values.get("effective_target_latency_ns", 0) > 20_000_000_000:
             report.fail(log, "target-latency", "effective_target_latency_ns is above 20 s")
+    # The official checker tests this only for v4.1 (Config.requires_equal_issue), and there with the
+    # condition inverted; mlperf.conf turns it on for every LLM, and only TEST06's audit.config off.
+    if rules.equal_issue and not values.get("effective_sample_concatenate_permutation"):
+        report.fail(log, "equal-issue", f"effective_sample_concatenate_permutation is "
+                    f"{values.get('effective_sample_concatenate_permutation')}; mlperf.conf sets "
+                    f"{rules.loadgen_model}.*.sample_concatenate_permutation = 1 (equal-issue mode)",
+                    demo_shortened=True)
     for failure in audit_values(values, errors, rules.loadgen_model, scenario):
         report.fail(log, "latency-validity-audit", failure)
 
@@ -168,9 +182,12 @@ def check_accuracy(scenario_dir: Path, rules: BenchmarkRules, scenario: str, tar
     _check_common_log(log, values, rules, scenario, report)
     for error in errors:
         report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
-    if values.get("qsl_reported_total_count") != rules.dataset_size:
-        report.fail(log, "dataset-size", f"qsl_reported_total_count {values.get('qsl_reported_total_count')} is "
-                    f"not the dataset size {rules.dataset_size}", demo_shortened=True)
+    # As the official AccuracyCheck.dataset_check: the samples the run covered, which an
+    # accuracy_sample_count_override shortens; qsl_reported_total_count only when that is not logged.
+    key = "effective_accuracy_sample_count" if "effective_accuracy_sample_count" in values else "qsl_reported_total_count"
+    if values.get(key) != rules.dataset_size:
+        report.fail(log, "dataset-size", f"{key} {values.get(key)} is not the dataset size {rules.dataset_size}: "
+                    "the accuracy run does not cover the whole dataset", demo_shortened=True)
     size = (acc_dir / "mlperf_log_accuracy.json").stat().st_size
     if size > MAX_ACCURACY_LOG_BYTES:
         report.fail(acc_dir / "mlperf_log_accuracy.json", "accuracy-log-size",
@@ -233,6 +250,32 @@ def check_scenario(scenario_dir: Path, rules: BenchmarkRules, targets: dict, rep
         check_test06(scenario_dir, rules, scenario, report)
 
 
+def allowed_scenarios(rules: BenchmarkRules, system_type: str) -> tuple[frozenset, frozenset] | None:
+    """(required, optional) scenarios of a benchmark on a system of `system_type`; None when that
+    type of system cannot submit the benchmark."""
+    kinds = [rules.scenarios[kind] for kind in str(system_type).split(",") if kind in rules.scenarios]
+    if not kinds:
+        return None
+    return frozenset().union(*(r for r, _ in kinds)), frozenset().union(*(o for _, o in kinds))
+
+
+def check_scenario_set(bench_dir: Path, benchmark: str, rules: BenchmarkRules, system_type: str,
+                       scenarios: set, report: Report) -> None:
+    allowed = allowed_scenarios(rules, system_type)
+    if allowed is None:  # the official checker has no scenario list for it and stops with a TypeError
+        report.fail(bench_dir, "system-type", f"{benchmark} is not a benchmark of a {system_type!r} system; it "
+                    f"needs a system_type of {' or '.join(sorted(rules.scenarios))}")
+        return
+    required, optional = allowed
+    one_of = optional if {"Server", "Interactive"} <= optional else frozenset()
+    if not (required <= scenarios and (not one_of or one_of & scenarios)):
+        report.fail(bench_dir, "required-scenarios", f"has {sorted(scenarios)}; {benchmark} needs "
+                    f"{sorted(required)}" + (f" and one of {sorted(one_of)}" if one_of else ""))
+    for scenario in sorted((scenarios & SCENARIO_DIRS) - required - optional):
+        report.fail(bench_dir / scenario, "allowed-scenarios", f"{benchmark} on a {system_type!r} system allows only "
+                    f"{sorted(required | optional)}")
+
+
 def check_submitter(org: Path, division: str, report: Report) -> int:
     """Check one `<division>/<submitter>` folder; return how many scenario results it holds."""
     if not (org / "src").is_dir():
@@ -243,24 +286,27 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
     results = 0
     for system_dir in sorted(p for p in (org / "results").glob("*") if p.is_dir()):
         system_json = org / "systems" / f"{system_dir.name}.json"
+        desc = None
         if not system_json.is_file():
             report.fail(system_json, "system", "missing system description for the results folder")
         else:
-            check_system(system_json, division, org.name, report)
+            desc = check_system(system_json, division, org.name, report)
         for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
             benchmark = mapping.get(bench_dir.name, bench_dir.name)
             if benchmark not in BENCHMARK_RULES:
                 report.fail(bench_dir, "benchmark", f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARK_RULES)}"
                             + ("; an open-division model needs model_mapping.json" if division == "open" else ""))
                 continue
+            readme = org / "src" / bench_dir.name / "README.md"
+            if not readme.is_file() or readme.stat().st_size == 0:
+                report.fail(readme, "structure", "missing or empty: src/<benchmark>/ holds each benchmark's README, "
+                            "as in the official sample tree (the official checker asks only for src/)")
             scenarios = {p.name for p in bench_dir.iterdir() if p.is_dir()}
             for unknown in sorted(scenarios - SCENARIO_DIRS):
                 report.fail(bench_dir / unknown, "structure", "not a scenario folder")
             rules, targets = BENCHMARK_RULES[benchmark], TARGETS[benchmark]
-            required, one_of = rules.scenarios
-            if not (required <= scenarios and (not one_of or one_of & scenarios)):
-                report.fail(bench_dir, "required-scenarios", f"has {sorted(scenarios)}; {benchmark} needs "
-                            f"{sorted(required)}" + (f" and one of {sorted(one_of)}" if one_of else ""))
+            if desc is not None:
+                check_scenario_set(bench_dir, benchmark, rules, desc.get("system_type"), scenarios, report)
             reference_path = org / "documentation" / f"{bench_dir.name}_reference_accuracy.json"
             reference = (_read_json(reference_path, report, "accuracy-reference")
                          if division == "open" and reference_path.is_file() else None)

@@ -1,4 +1,7 @@
-"""LoadGen's detail log as data: its `:::MLLOG` entries."""
+"""LoadGen's detail log as data: its `:::MLLOG` entries, read as the official checker reads them
+(tools/submission/submission_checker/parsers/loadgen_parser.py): a key LoadGen logged more than
+once (`generic_message`, a repeated `error_runtime`) takes the value of its first entry, and every
+entry flagged `is_error` counts, repeated keys included."""
 
 import json
 from pathlib import Path
@@ -7,13 +10,13 @@ MLLOG_MARKER = ":::MLLOG"
 
 
 def read_detail_log(path: Path) -> tuple[dict, list[str]]:
-    """`(values by key, messages of every entry LoadGen flagged is_error)`."""
+    """`(values by key, first entry wins; messages of every entry LoadGen flagged is_error)`."""
     values, errors = {}, []
     for line in Path(path).read_text().splitlines():
         if not line.startswith(MLLOG_MARKER):
             continue
         entry = json.loads(line[len(MLLOG_MARKER):])
-        values[entry["key"]] = entry["value"]
+        values.setdefault(entry["key"], entry["value"])
         if entry.get("metadata", {}).get("is_error"):
             errors.append(f"{entry['key']}: {entry['value']}")
     return values, errors

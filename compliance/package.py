@@ -3,9 +3,10 @@ MLPerf v6.1 submission tree (mlperf-rules.md section 5):
 
     <root>/<division>/<submitter>/
       systems/<system>.json                 the system description, without our harness settings
-      src/                                  the code that drives LoadGen (this repository's packages)
+      src/                                  the code that drives LoadGen (this repository's packages),
+                                            and src/<benchmark or model>/README.md for each benchmark
       documentation/README.md               (+ <model>_reference_accuracy.json for a substituted model)
-      model_mapping.json                    open division with a substituted model: its name -> benchmark
+      model_mapping.json                    open division with substituted models: each name -> benchmark
       results/<system>/<benchmark or model>/<Scenario>/
         measurements.json, README.md, user.conf
         performance/run_1/mlperf_log_{summary,detail}.txt
@@ -80,34 +81,67 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model))
 
 
+def benchmark_readme(benchmark: str, name: str, system: System) -> str:
+    """src/<name>/README.md: which code produced results/*/<name>/ and how to run it again."""
+    model = f" with {name} substituted for its model (model_mapping.json)" if name != benchmark else ""
+    modes = " | ".join(("performance", "accuracy", "TEST06"))
+    return (f"# {name}\n\nMLPerf benchmark `{benchmark}`{model}. The code is this src/ folder, shared by every "
+            f"benchmark (harness/ drives LoadGen, sut/ is the engine, accuracy/ and compliance/ score and check "
+            f"the runs); see src/README.md.\n\nReproduce one system's results (here `{system.name}`):\n\n```sh\n"
+            f"make setup models data\n"
+            f"python -m harness run --system {system.name} --benchmark {benchmark} --scenario SCENARIO --mode "
+            f"{{{modes}}}\n"
+            f"python -m compliance.package --system {system.name} --benchmarks {benchmark}\n"
+            f"# or all of it at once: make submission SYSTEM={system.name} BENCHMARKS={benchmark}\n```\n")
+
+
 def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
             root: Path = REPO) -> tuple[Path, list[str]]:
     """Build the tree under `out` from `root`'s systems/, measurements/ and build/logs/ (`root` is
-    the repository except in tests); return (the submitter folder, TEST06 failures)."""
+    the repository except in tests); return (the submitter folder, TEST06 failures). Packaging adds
+    to a tree: another system's or benchmark's results and model_mapping.json entries stay; only the
+    packaged benchmarks' results folders are replaced."""
     system = System.load(system_name, root)
     description = json.loads((root / "systems" / f"{system_name}.json").read_text())
     description.pop("saaf_harness")  # our harness settings, not part of the MLPerf description
     org = Path(out) / description["division"] / description["submitter"]
-    if org.exists():
-        shutil.rmtree(org)
-    (org / "systems").mkdir(parents=True)
+    names = {benchmark: system.model_name or benchmark for benchmark in benchmarks or sorted(system.datasets)}
+    if len(set(names.values())) < len(names):
+        raise PackagingError(f"system {system.name!r} substitutes one model_name {system.model_name!r} for the "
+                             f"benchmarks {sorted(names)}, whose results would share one folder: package them from "
+                             "one system each")
+    mapping_path = org / "model_mapping.json"
+    mapping = json.loads(mapping_path.read_text()) if mapping_path.is_file() else {}
+    for benchmark, name in names.items():
+        if name != benchmark and mapping.get(name, benchmark) != benchmark:
+            raise PackagingError(f"{mapping_path} maps {name!r} to {mapping[name]!r}, not to {benchmark!r}")
+        if name != benchmark:
+            mapping[name] = benchmark
+    (org / "systems").mkdir(parents=True, exist_ok=True)
     (org / "systems" / f"{system.name}.json").write_text(json.dumps(description, indent=2) + "\n")
     for item in SRC_ITEMS:
-        src = REPO / item
+        src, dst = REPO / item, org / "src" / item
+        if dst.is_dir():
+            shutil.rmtree(dst)
         if src.is_dir():
-            shutil.copytree(src, org / "src" / item, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            shutil.copy2(src, org / "src" / item)
-    (org / "documentation").mkdir()
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dst)
+    (org / "documentation").mkdir(exist_ok=True)
     (org / "documentation" / "README.md").write_text(
-        "Reproduce with the code in src/: `make submission SYSTEM=" + system.name + "` (see src/README.md).\n")
+        "Reproduce with the code in src/: `make submission SYSTEM=<system>` (see src/README.md, and "
+        "src/<benchmark>/README.md for each benchmark).\n")
+    if mapping:
+        mapping_path.write_text(json.dumps(mapping, indent=2, sort_keys=True) + "\n")
     failures = []
-    for benchmark in benchmarks or sorted(system.datasets):
-        name = system.model_name or benchmark
-        if system.model_name:
-            (org / "model_mapping.json").write_text(json.dumps({name: benchmark}, indent=2) + "\n")
+    for benchmark, name in names.items():
+        (org / "src" / name).mkdir(exist_ok=True)
+        (org / "src" / name / "README.md").write_text(benchmark_readme(benchmark, name, system))
         if system.accuracy_reference:
             shutil.copy2(system.accuracy_reference, org / "documentation" / f"{name}_reference_accuracy.json")
+        if (org / "results" / system.name / name).exists():
+            shutil.rmtree(org / "results" / system.name / name)
         for scenario in system.scenarios:
             settings = root / "measurements" / system.name / benchmark / scenario
             logs = root / "build" / "logs" / system.name / benchmark / scenario

@@ -36,8 +36,21 @@ def run(cfg: RunConfig) -> str:
     from sut import LLMEngine, SamplingParams
 
     engine = LLMEngine(cfg.system.model, **cfg.system.engine_settings(cfg.scenario))
-    # At least 2 tokens: LoadGen logs an error for a 1-token response when token latencies are on.
-    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=2)
+    # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1).
+    # With token latencies on, LoadGen (logging.cc, AsyncLog::RecordSampleCompletion) logs an
+    # error_runtime "Number of tokens need to be greater than 1" for n_tokens == 1 (and for 0), then
+    # records the sample with n_tokens 0, so TPOT = (e2e - TTFT) / (0 - 1) is negative rather than a
+    # division by zero; the official checker fails the accuracy run on that error (its performance
+    # check counts LoadGen errors only with --submission-exceptions; our audit always does). As in
+    # vLLM, min_tokens 1 keeps EOS from being the first token, and the response holds the EOS that
+    # ends it, so every response has at least 2 tokens unless only one fits in max_model_len: refused
+    # here, before LoadGen starts.
+    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=1)
+    no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
+    if no_room:
+        raise HarnessConfigError(f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
+                                 f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
+                                 "error for a response of fewer than 2 tokens")
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     log_settings = lg.LogSettings()
     log_settings.log_output.outdir = str(cfg.log_dir)

@@ -82,3 +82,23 @@ def test_a_second_run_in_one_process_is_refused(monkeypatch):
     monkeypatch.setattr(run_module, "_runs_in_this_process", 1)
     with pytest.raises(HarnessConfigError, match="one LoadGen run per process"):
         run_module.run(RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance"))
+
+
+def test_a_prompt_with_room_for_one_new_token_is_refused_before_loadgen(tiny_llama, tmp_path):
+    """A 1-token response makes LoadGen log an error (token latencies on), so a prompt that leaves
+    room for fewer than 2 new tokens in max_model_len is refused up front."""
+    system = {"saaf_harness": {"model": str(tiny_llama[0]), "datasets": {"llama3.1-8b": str(tmp_path / "data.json")},
+                               "engine": {"max_model_len": 32, "num_kv_blocks": 64}, "scenarios": ["Offline"]}}
+    (tmp_path / "systems").mkdir()
+    (tmp_path / "systems" / "t.json").write_text(json.dumps(system))
+    (tmp_path / "data.json").write_text(json.dumps([{"tok_input": [5] * 10, "output": "a"},
+                                                    {"tok_input": [5] * 31, "output": "b"}]))
+    conf = tmp_path / "measurements" / "t" / "llama3.1-8b" / "Offline" / "user.conf"
+    conf.parent.mkdir(parents=True)
+    conf.write_text("llama3_1-8b.Offline.min_duration = 0\n")
+    out = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "t", "--root", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "data.json: samples [1] leave room for fewer than 2 new tokens in max_model_len 32" in out.stderr
+    assert not (tmp_path / "build" / "logs" / "t" / "llama3.1-8b" / "Offline" / "performance" /
+                "mlperf_log_detail.txt").exists()

@@ -8,13 +8,15 @@ import re
 import mlperf_loadgen as lg
 import pytest
 
-from accuracy.accuracy_log import read_accuracy_log
+from accuracy.accuracy_log import read_accuracy_entries, read_accuracy_log
+from compliance import test06
+from compliance.loadgen_logs import read_detail_log
 from harness.loadgen_sut import EngineSUT, construct_qsl
 from sut import LLM, LLMEngine, SamplingParams
 from tests.conftest import random_prompts
 
 NUM_SAMPLES = 24
-PARAMS = SamplingParams(max_tokens=8, min_tokens=2)
+PARAMS = SamplingParams(max_tokens=8, min_tokens=1)  # min_tokens as harness/run.py (the reference SUT's)
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +24,9 @@ def prompts():
     return random_prompts([5 + (i * 7) % 40 for i in range(NUM_SAMPLES)], seed=21)
 
 
-def run_loadgen(tiny_llama, prompts, tmp_path, scenario, mode, engine=None, **settings_values):
+def run_loadgen(tiny_llama, prompts, tmp_path, scenario, mode, engine=None, params=PARAMS, **settings_values):
     engine = engine or LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=32)
-    sut = EngineSUT(engine, prompts, PARAMS, stream_first_token=scenario != lg.TestScenario.Offline)
+    sut = EngineSUT(engine, prompts, params, stream_first_token=scenario != lg.TestScenario.Offline)
     qsl = construct_qsl(len(prompts), len(prompts))
     settings = lg.TestSettings()
     settings.scenario, settings.mode = scenario, mode
@@ -132,3 +134,37 @@ def test_single_stream_run_is_valid_and_streams_the_first_token(tiny_llama, prom
     assert len(entries) >= 256
     for e in entries:
         assert e["data"].startswith(e["token_data"]) and e["token_count"] == len(e["data"]) // 8 >= 2
+
+
+@pytest.mark.parametrize("min_tokens", [1, 0])
+def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tiny_llama, prompts, tmp_path,
+                                                                              min_tokens):
+    """A model whose first choice is always EOS. With the reference SUT's min_tokens 1 the answer is
+    [token, EOS]: LoadGen logs no error and TEST06 passes. With min_tokens 0 the answer is [EOS]
+    alone, and LoadGen (token latencies on) logs an error for it and records a negative TPOT."""
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=32)
+    run = engine.runner.run
+
+    def eos_first(batch):
+        logits, seqs = run(batch)
+        if len(seqs):
+            logits[:, 2] = logits.max() + 100.0  # EOS (id 2 in the tiny config) above every other token
+        return logits, seqs
+
+    engine.runner.run = eos_first
+    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
+                           engine=engine, params=SamplingParams(max_tokens=128, min_tokens=min_tokens), server_target_qps=100,
+                           min_duration_ms=0, min_query_count=NUM_SAMPLES, ttft_latency=2_000_000_000,
+                           tpot_latency=500_000_000, accuracy_log_probability=1.0)
+    values, errors = read_detail_log(tmp_path / "mlperf_log_detail.txt")
+    samples = read_accuracy_entries(tmp_path / "mlperf_log_accuracy.json")
+    assert len(samples) >= NUM_SAMPLES
+    _, failures = test06.verify(tmp_path / "mlperf_log_accuracy.json", "Server", {2})
+    if min_tokens == 1:
+        assert all(len(s["data"]) == 2 and s["data"][1] == 2 != s["data"][0] for s in samples)
+        assert errors == [] and failures == []
+        assert values["result_time_to_output_token_min"] > 0
+    else:
+        assert all(s["data"] == [2] for s in samples)
+        assert errors and all(e == "error_runtime: Number of tokens need to be greater than 1" for e in errors)
+        assert values["result_time_to_output_token_min"] < 0

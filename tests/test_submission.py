@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
-from compliance.loadgen_logs import MLLOG_MARKER
-from compliance.package import package
+from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
+from compliance.package import PackagingError, package
 from harness.config import REPO
 from sut import LLM, SamplingParams
 from tests.conftest import SMOLLM2_DIR, random_prompts
@@ -61,7 +61,7 @@ def chain(tiny_llama, tmp_path_factory):
     # References equal to the model's own greedy outputs, so ROUGE is high (not 100: a sample of
     # only special tokens decodes to nothing) and a planted low score shows.
     llm = LLM(model_dir, num_kv_blocks=2048)
-    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=2))]
+    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=1))]
     dataset = root / "data.json"
     dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
     reference = root / "reference.json"
@@ -99,6 +99,7 @@ def test_good_tree_passes_the_checker(chain):
     # Without --demo only the rules the demo knowingly shortens fail.
     strict = check_tree(tree, demo=False)
     assert strict.errors and all(re.search(r"\[(min-duration|sample-count|dataset-size)\]", e) for e in strict.errors)
+    assert any("effective_accuracy_sample_count 24 is not the dataset size 13368" in e for e in strict.errors)
     assert len(strict.errors) == len(report.warnings)
     org = tree / "open" / "TestOrg"
     assert json.loads((org / "model_mapping.json").read_text()) == {"tiny-llama": "llama3.1-8b"}
@@ -109,6 +110,7 @@ def test_good_tree_passes_the_checker(chain):
     assert (scenario / "accuracy" / "mlperf_log_accuracy.json").stat().st_size <= 10240
     assert re.search(r"^hash=[0-9a-f]{64}$", (scenario / "accuracy" / "accuracy.txt").read_text(), re.MULTILINE)
     assert "saaf_harness" not in json.loads((org / "systems" / "tiny.json").read_text())
+    assert "python -m harness run --system tiny --benchmark llama3.1-8b" in (org / "src/tiny-llama/README.md").read_text()
 
 
 def _set_detail_value(path, key, value):
@@ -145,6 +147,22 @@ def _two_trailing_eos(entry):
 
 def _n_tokens_off_by_one(entry):
     entry["token_count"] += 1
+
+
+def _prepend_detail_entry(path, key, value):
+    """A second entry for `key`, logged before LoadGen's own one."""
+    lines = path.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith(MLLOG_MARKER))
+    entry = dict(json.loads(lines[first][len(MLLOG_MARKER):]), key=key, value=value)
+    lines.insert(first, MLLOG_MARKER + " " + json.dumps(entry))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _append_detail_entry(path, key, value, is_error=False):
+    entry = {"key": key, "value": value, "time_ms": 0, "namespace": "mlperf::logging", "event_type": "POINT_IN_TIME",
+             "metadata": {"is_error": is_error, "is_warning": False, "file": "x.cc", "line_no": 1, "pid": 1, "tid": 1}}
+    with open(path, "a") as f:
+        f.write(MLLOG_MARKER + " " + json.dumps(entry) + "\n")
 
 
 def _edit_text(path, old, new):
@@ -194,6 +212,48 @@ DEFECTS = {
                                  r"tiny.json: \[system\] required field 'accelerators_per_node' is empty"),
     "division contradicted by the system file": (lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
                                                  r"\[system\] division 'closed' contradicts the path's division 'open'"),
+    "datacenter benchmark on an edge system": (
+        lambda org: _edit_system(org / "systems/tiny.json", system_type="edge"),
+        r"results/tiny/tiny-llama: \[system-type\] llama3.1-8b is not a benchmark of a 'edge' system; it needs a "
+        r"system_type of datacenter"),
+    "edge benchmark on a datacenter system": (
+        lambda org: (org / "model_mapping.json").write_text(json.dumps({"tiny-llama": "llama3.1-8b-edge"})),
+        r"results/tiny/tiny-llama: \[system-type\] llama3.1-8b-edge is not a benchmark of a 'datacenter' system; "
+        r"it needs a system_type of edge"),
+    "a scenario the benchmark does not allow": (
+        lambda org: shutil.copytree(org / O, org / O.replace("Offline", "SingleStream")),
+        r"tiny-llama/SingleStream: \[allowed-scenarios\] llama3.1-8b on a 'datacenter' system allows only "
+        r"\['Interactive', 'Offline', 'Server'\]"),
+    "a repeated key: the first entry counts": (
+        lambda org: _prepend_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
+                                          "effective_sample_index_rng_seed", 777),
+        r"Offline/performance/run_1/mlperf_log_detail.txt: \[seeds\] effective_sample_index_rng_seed is 777"),
+    "a LoadGen error logged after the results": (
+        lambda org: _append_detail_entry(org / O / "accuracy/mlperf_log_detail.txt", "error_runtime",
+                                         "Number of tokens need to be greater than 1", is_error=True),
+        r"Offline/accuracy/mlperf_log_detail.txt: \[loadgen-errors\] LoadGen logged an error: error_runtime: "
+        r"Number of tokens need to be greater than 1"),
+    "no per-benchmark README in src/": (
+        lambda org: (org / "src/tiny-llama/README.md").unlink(),
+        r"src/tiny-llama/README.md: \[structure\] missing or empty"),
+}
+# Rules the demo knowingly shortens: errors without --demo, warnings with it.
+DEMO_SHORTENED_DEFECTS = {
+    "shortened accuracy run": (
+        lambda org: _set_detail_value(org / O / "accuracy/mlperf_log_detail.txt", "effective_accuracy_sample_count", 10),
+        r"Offline/accuracy/mlperf_log_detail.txt: \[dataset-size\] effective_accuracy_sample_count 10 is not the "
+        r"dataset size 13368"),
+    "equal-issue mode off": (
+        lambda org: _set_detail_value(org / S / "performance/run_1/mlperf_log_detail.txt",
+                                      "effective_sample_concatenate_permutation", False),
+        r"Server/performance/run_1/mlperf_log_detail.txt: \[equal-issue\] effective_sample_concatenate_permutation is "
+        r"False; mlperf.conf sets llama3_1-8b.\*.sample_concatenate_permutation = 1"),
+}
+# Changes after which the tree still passes.
+GOOD_VARIANTS = {
+    "a datacenter,edge system": lambda org: _edit_system(org / "systems/tiny.json", system_type="datacenter,edge"),
+    "a later repeat of a key": lambda org: _append_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
+                                                                "result_validity", "INVALID"),
 }
 
 
@@ -206,6 +266,66 @@ def test_each_planted_defect_is_caught_and_named(chain, tmp_path, defect):
     plant(copy / "open" / "TestOrg")
     errors = check_tree(copy, demo=True).errors
     assert any(re.search(message, e) for e in errors), (defect, errors)
+
+
+@pytest.mark.parametrize("defect", sorted(DEMO_SHORTENED_DEFECTS))
+def test_each_demo_shortened_defect_is_an_error_outside_the_demo(chain, tmp_path, defect):
+    _, tree, _ = chain
+    copy = tmp_path / "submission"
+    shutil.copytree(tree, copy)
+    plant, message = DEMO_SHORTENED_DEFECTS[defect]
+    assert not any(re.search(message, e) for e in check_tree(copy, demo=False).errors)
+    plant(copy / "open" / "TestOrg")
+    demo, strict = check_tree(copy, demo=True), check_tree(copy, demo=False)
+    assert not any(re.search(message, e) for e in demo.errors), (defect, demo.errors)
+    assert any(re.search(message, w) for w in demo.warnings), (defect, demo.warnings)
+    assert any(re.search(message, e) for e in strict.errors), (defect, strict.errors)
+
+
+@pytest.mark.parametrize("variant", sorted(GOOD_VARIANTS))
+def test_good_variants_pass(chain, tmp_path, variant):
+    _, tree, _ = chain
+    copy = tmp_path / "submission"
+    shutil.copytree(tree, copy)
+    GOOD_VARIANTS[variant](copy / "open" / "TestOrg")
+    assert check_tree(copy, demo=True).errors == []
+
+
+def test_detail_log_reads_as_the_official_parser(tmp_path):
+    log = tmp_path / "mlperf_log_detail.txt"
+    for key, value, is_error in [("result_validity", "VALID", False), ("error_runtime", "a", True),
+                                 ("result_validity", "INVALID", False), ("error_runtime", "b", True)]:
+        _append_detail_entry(log, key, value, is_error)
+    values, errors = read_detail_log(log)
+    assert values == {"result_validity": "VALID", "error_runtime": "a"}
+    assert errors == ["error_runtime: a", "error_runtime: b"]
+
+
+def test_packaging_another_system_keeps_the_tree(chain, tmp_path):
+    """A second system, with its own substituted model for the same benchmark, packaged into the
+    same tree: both results folders, both model_mapping.json entries and both src READMEs stay."""
+    root, tree, _ = chain
+    copy_root, copy = tmp_path / "repo", tmp_path / "submission"
+    shutil.copytree(root, copy_root, ignore=shutil.ignore_patterns("submission"))
+    shutil.copytree(tree, copy)
+    system = json.loads((copy_root / "systems/tiny.json").read_text())
+    system["saaf_harness"]["model_name"] = "tiny-llama-2"
+    (copy_root / "systems/tiny2.json").write_text(json.dumps(system))
+    shutil.copytree(copy_root / "measurements/tiny", copy_root / "measurements/tiny2")
+    shutil.copytree(copy_root / "build/logs/tiny", copy_root / "build/logs/tiny2")
+    org, failures = package("tiny2", copy, root=copy_root)
+    assert not failures
+    assert json.loads((org / "model_mapping.json").read_text()) == {"tiny-llama": "llama3.1-8b",
+                                                                    "tiny-llama-2": "llama3.1-8b"}
+    for system_name, name in (("tiny", "tiny-llama"), ("tiny2", "tiny-llama-2")):
+        assert (org / "results" / system_name / name / "Server" / "accuracy" / "accuracy.txt").is_file()
+        assert (org / "src" / name / "README.md").is_file()
+    assert check_tree(copy, demo=True).errors == []
+    # One substituted model_name for two benchmarks would put both in one results folder.
+    system["saaf_harness"]["datasets"]["llama2-70b-99.9"] = system["saaf_harness"]["datasets"]["llama3.1-8b"]
+    (copy_root / "systems/tiny3.json").write_text(json.dumps(system))
+    with pytest.raises(PackagingError, match="one model_name 'tiny-llama-2' for the benchmarks"):
+        package("tiny3", copy, root=copy_root)
 
 
 @pytest.mark.parametrize("system_file", sorted((REPO / "systems").glob("*.json")), ids=lambda p: p.stem)
