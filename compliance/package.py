@@ -62,8 +62,22 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
                      out: Path) -> list[str]:
     """Fill `out` (results/<system>/<dir>/<Scenario>) from the scenario's measurements folder and
     run logs; return the TEST06 failures."""
-    for name in ("measurements.json", "README.md", "user.conf"):
-        _copy(settings / name, out / name)
+    _copy(settings / "measurements.json", out / "measurements.json")
+    # The LoadGen settings the performance run was given (a calibrated copy where the chain
+    # calibrated the load on this machine), and the README saying how they were chosen.
+    run_conf = logs / "performance" / "user.conf"
+    _copy(run_conf if run_conf.is_file() else settings / "user.conf", out / "user.conf")
+    _copy(settings / "README.md", out / "README.md")
+    machine = logs / "performance" / "machine.txt"
+    if machine.is_file():
+        with open(out / "README.md", "a") as f:
+            f.write(f"\nRan on: {machine.read_text().strip()}.\n")
+    calibration = load_calibration(logs)
+    if calibration is not None:
+        with open(out / "README.md", "a") as f:
+            f.write(f"\n## The load of this run\n\nCalibrated on the machine that ran it (`python -m harness.calibrate`, "
+                    f"whose method its docstring states): {calibration['summary']}. user.conf here is the committed "
+                    "one with that target_qps.\n")
     for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
         _copy(logs / "performance" / name, out / "performance" / "run_1" / name)
         _copy(logs / "accuracy" / name, out / "accuracy" / name)
@@ -79,6 +93,12 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     if not (logs / "TEST06" / "mlperf_log_accuracy.json").is_file():
         raise PackagingError(f"{logs / 'TEST06'} has no mlperf_log_accuracy.json: run the TEST06 mode first")
     return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model))
+
+
+def load_calibration(logs: Path) -> dict | None:
+    """The scenario's calibration (harness.calibrate) from its log folder, if the chain ran one."""
+    path = logs / "calibration" / "calibration.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def benchmark_readme(benchmark: str, name: str, system: System) -> str:
@@ -146,6 +166,11 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
             settings = root / "measurements" / system.name / benchmark / scenario
             logs = root / "build" / "logs" / system.name / benchmark / scenario
             results = org / "results" / system.name / name / scenario
+            calibration = load_calibration(logs)
+            if calibration is not None and calibration["target_qps"] is None:  # this machine meets no load
+                with open(org / "documentation" / "README.md", "a") as f:
+                    f.write(f"\n{name} {scenario} is left out: {calibration['summary']}\n")
+                continue
             failures += [f"{results}: TEST06: {f}"
                          for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
     return org, failures

@@ -2,20 +2,67 @@
 scenario, the performance, accuracy and TEST06 runs through `python -m harness run`; then the
 tree (compliance/package.py) and our checker (compliance/check.py) over it.
 
+A latency scenario (Server, Interactive) is first calibrated on this machine (harness.calibrate):
+its runs take the target_qps measured there, and a scenario no load can meet here is left out,
+with the reason, in the chain's output and the tree's documentation. A demo system also leaves out
+Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server covers the checker's
+"one of Server and Interactive").
+
     python -m compliance.submission --system cpu-demo [--benchmarks llama3.1-8b]
 """
 
 import argparse
+import json
+import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from compliance.check import check_tree
-from compliance.package import PackagingError, package
+from compliance.package import PackagingError, load_calibration, package
 from harness.config import REPO, System
 
 MODES = ("performance", "accuracy", "TEST06")
+LATENCY_SCENARIOS = ("Server", "Interactive")
+DEMO_BUDGET_MIN = 30
+TEST06_QUERIES = 100  # compliance/TEST06.audit.config
+
+
+def predicted_minutes(user_conf: Path, dataset_size: int) -> float:
+    """How long a latency scenario's three runs take at its target_qps: the performance run's
+    min_query_count, the accuracy run's whole dataset and TEST06's queries, each arriving at that rate."""
+    text = user_conf.read_text()
+    qps = float(re.search(r"\.target_qps\s*=\s*([\d.]+)", text).group(1))
+    queries = re.search(r"\.min_query_count\s*=\s*(\d+)", text)
+    return (int(queries.group(1)) if queries else dataset_size) / qps / 60 + (dataset_size + TEST06_QUERIES) / qps / 60
+
+
+def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: float) -> list[str] | None:
+    """Calibrate a latency scenario; return the `--user-conf` arguments for its runs, or None when
+    it is left out (the reason printed and kept in its calibration.json)."""
+    command = [sys.executable, "-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark,
+               "--scenario", scenario]
+    if subprocess.run(command, cwd=REPO).returncode:
+        sys.exit(f"submission: `{' '.join(command[1:])}` failed; stopping")
+    calibration = load_calibration(logs)
+    if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
+        from harness.dataset import load_cnn_eval
+
+        minutes = predicted_minutes(logs / "calibration" / "user.conf", len(load_cnn_eval(system.datasets[benchmark])))
+        elapsed = (time.time() - start) / 60
+        if elapsed + minutes > DEMO_BUDGET_MIN:
+            calibration["summary"] = (f"Interactive: left out: at its calibrated {calibration['target_qps']:.3f} QPS its "
+                                      f"runs would take {minutes:.0f} min, past the demo's {DEMO_BUDGET_MIN}-min budget "
+                                      f"after {elapsed:.0f} min (Server covers the checker's one of Server and "
+                                      f"Interactive); {calibration['summary']}")
+            calibration["target_qps"] = None
+            (logs / "calibration" / "calibration.json").write_text(json.dumps(calibration, indent=2) + "\n")
+    if calibration["target_qps"] is None:
+        print(f"submission: {benchmark} {calibration['summary']}", flush=True)
+        return None
+    return ["--user-conf", str(logs / "calibration" / "user.conf")]
 
 
 def main() -> None:
@@ -29,11 +76,20 @@ def main() -> None:
     benchmarks = args.benchmarks or sorted(system.datasets)
     for benchmark in benchmarks:
         for scenario in system.scenarios:
+            logs = REPO / "build" / "logs" / args.system / benchmark / scenario
+            shutil.rmtree(logs, ignore_errors=True)  # no run or calibration of an earlier chain stays
+            user_conf = []
+            if scenario in LATENCY_SCENARIOS:
+                print(f"submission: {args.system} {benchmark} {scenario} calibration "
+                      f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
+                user_conf = calibrate(system, benchmark, scenario, logs, start)
+                if user_conf is None:
+                    continue
             for mode in MODES:
                 print(f"submission: {args.system} {benchmark} {scenario} {mode} "
                       f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
                 command = [sys.executable, "-m", "harness", "run", "--system", args.system, "--benchmark", benchmark,
-                           "--scenario", scenario, "--mode", mode]
+                           "--scenario", scenario, "--mode", mode, *user_conf]
                 if subprocess.run(command, cwd=REPO).returncode:
                     sys.exit(f"submission: `{' '.join(command[1:])}` failed; stopping")
     try:

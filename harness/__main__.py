@@ -16,13 +16,16 @@ def main() -> None:
     run_parser.add_argument("--benchmark", default="llama3.1-8b", help=f"one of {sorted(BENCHMARKS)}")
     run_parser.add_argument("--scenario", default="Offline", help=f"one of {sorted(SCENARIOS)}")
     run_parser.add_argument("--mode", default="performance", help=f"one of {sorted(MODES)}")
+    run_parser.add_argument("--user-conf", type=Path, help="LoadGen settings in place of the committed user.conf "
+                            "(e.g. the one harness.calibrate wrote for this machine)")
     run_parser.add_argument("--root", type=Path, default=REPO,
                             help="the folder holding systems/ and measurements/; logs go to its build/logs/")
     args = parser.parse_args()
     from harness.run import run
 
     try:
-        print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root)))
+        print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root,
+                                          args.user_conf)))
     except (HarnessConfigError, DatasetError) as e:
         sys.exit(f"harness: {e}")
 

@@ -146,7 +146,10 @@ class RunConfig:
     log_dir: Path
 
     @staticmethod
-    def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO) -> "RunConfig":
+    def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO,
+                user_conf: Path | None = None) -> "RunConfig":
+        """`user_conf`: instead of the committed measurements/<system>/<benchmark>/<Scenario>/user.conf
+        (harness.calibrate writes one for this machine)."""
         if benchmark not in BENCHMARKS:
             raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
         if scenario not in SCENARIOS:
@@ -159,7 +162,7 @@ class RunConfig:
         reference = sys_config.accuracy_reference
         if mode == "accuracy" and reference is not None:
             _check_reference(reference, sys_config.datasets[benchmark], system)
-        user_conf = root / "measurements" / system / benchmark / scenario / "user.conf"
+        user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
         check_user_conf(user_conf)
         log_dir = root / "build" / "logs" / system / benchmark / scenario / mode
         return RunConfig(sys_config, BENCHMARKS[benchmark], scenario, mode, user_conf, log_dir)

@@ -2,6 +2,7 @@
 build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict."""
 
 import json
+import shutil
 
 import mlperf_loadgen as lg
 from tqdm import tqdm
@@ -52,6 +53,11 @@ def run(cfg: RunConfig) -> str:
                                  f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
                                  "error for a response of fewer than 2 tokens")
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
+    if engine.device.type == "cpu":
+        from sut.cpu_build import machine_description
+
+        (cfg.log_dir / "machine.txt").write_text(machine_description() + "\n")
     log_settings = lg.LogSettings()
     log_settings.log_output.outdir = str(cfg.log_dir)
     log_settings.log_output.copy_summary_to_stdout = False

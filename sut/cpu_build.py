@@ -35,12 +35,9 @@ CPU_FLAGS = {"avx2": {"avx2", "fma", "f16c"}, "avx512": {"avx2", "fma", "f16c", 
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
+    for line in _cpuinfo_lines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
     return set()
 
 
@@ -77,6 +74,22 @@ def hold_onednn_to_forced_level() -> None:
 
 
 hold_onednn_to_forced_level()
+
+
+def machine_description() -> str:
+    """The CPU, its cores and the kernel level the engine takes here, for run records."""
+    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
+                 platform.processor() or platform.machine())
+    lib = library()
+    kernels = f"C kernels at the {lib.level} level" if lib is not None else "no C kernels (PyTorch ops only)"
+    return f"{model}, {os.cpu_count()} cores ({platform.machine()}); {kernels} (this CPU runs {runnable_levels()})"
+
+
+def _cpuinfo_lines() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
 
 
 def _cache_dir() -> Path:

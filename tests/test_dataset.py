@@ -5,7 +5,7 @@ import json
 import pytest
 
 from harness.dataset import DatasetError, load_cnn_eval
-from harness.demo_data import build
+from harness.demo_data import INSTRUCTION, build
 
 
 def write(path, records):
@@ -43,15 +43,25 @@ def test_missing_or_corrupt_file(tmp_path):
 
 
 def test_demo_builder_writes_chat_prompts_that_load_back(smollm2_dir, tmp_path):
+    """Articles (one sentence per line, as XSum's) are cut to the most leading sentences whose prompt
+    fits, and skipped when fewer than two fit."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    examples = [{"input": "The council met on Tuesday. " * n, "target": f" Summary {n}. ", "comment": f"xsum-test-{n}"}
-                for n in (3, 400, 5, 2)]
-    records = build(examples, tokenizer, num_samples=2, max_prompt_tokens=200)
-    assert [r["id"] for r in records] == ["xsum-test-3", "xsum-test-5"]  # the 400x article is too long
+    examples = [{"input": "\n".join(f"The council met on day {i}." for i in range(n)) if n else "word " * 400,
+                 "target": f" Summary {n}. ", "comment": f"xsum-test-{n}"} for n in (3, 0, 400, 5)]
+    records = build(examples, tokenizer, num_samples=3, max_prompt_tokens=200)
+    assert [r["id"] for r in records] == ["xsum-test-3", "xsum-test-400", "xsum-test-5"]  # one long line: no room
     assert records[0]["output"] == "Summary 3."
     assert records[0]["input"].startswith("<|im_start|>system") and records[0]["input"].endswith("<|im_start|>assistant\n")
+    assert "day 2." in records[0]["input"]  # the whole article fits
+    cut = records[1]["input"]
+    kept = cut.count("The council met on day")
+    assert 2 <= kept < 400 and "The council met on day 0." in cut and f"day {kept - 1}." in cut
+    one_more = "\n".join(f"The council met on day {i}." for i in range(kept + 1))
+    text = tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTION.format(article=one_more)}],
+                                         add_generation_prompt=True, tokenize=False)
+    assert len(tokenizer.encode(text, add_special_tokens=False)) > 200  # the most sentences that fit
     data = load_cnn_eval(write(tmp_path / "demo.json", records))
     assert data.input_ids[0] == tokenizer.encode(records[0]["input"], add_special_tokens=False)
     assert all(len(ids) <= 200 for ids in data.input_ids)

@@ -328,6 +328,37 @@ def test_packaging_another_system_keeps_the_tree(chain, tmp_path):
         package("tiny3", copy, root=copy_root)
 
 
+def test_packaging_takes_the_runs_user_conf_and_notes_a_left_out_scenario(chain, tmp_path):
+    """Where the chain calibrated a scenario, the tree holds the user.conf its runs were given and
+    the README says how the load was chosen; a scenario the calibration left out has no results
+    and the documentation says why."""
+    root, _, _ = chain
+    copy_root, copy = tmp_path / "repo", tmp_path / "submission"
+    shutil.copytree(root, copy_root, ignore=shutil.ignore_patterns("submission"))
+    logs = copy_root / "build/logs/tiny/llama3.1-8b"
+    run_conf = (logs / "Server/performance/user.conf").read_text()
+    assert run_conf == USER_CONF  # harness run keeps a copy of what it was given
+    (logs / "Server/performance/user.conf").write_text(run_conf.replace("target_qps = 100", "target_qps = 77.5"))
+    (logs / "Server/calibration").mkdir()
+    (logs / "Server/calibration/calibration.json").write_text(json.dumps(
+        {"target_qps": 77.5, "summary": "Server: target_qps 77.500 (measured)"}))
+    (logs / "Interactive/calibration").mkdir(parents=True)
+    (logs / "Interactive/calibration/calibration.json").write_text(json.dumps(
+        {"target_qps": None, "summary": "Interactive: left out: too slow here"}))
+    system = json.loads((copy_root / "systems/tiny.json").read_text())
+    system["saaf_harness"]["scenarios"] = ["Offline", "Server", "Interactive"]
+    (copy_root / "systems/tiny.json").write_text(json.dumps(system))
+    org, failures = package("tiny", copy, root=copy_root)
+    assert not failures
+    server = org / "results/tiny/tiny-llama/Server"
+    assert "target_qps = 77.5" in (server / "user.conf").read_text()
+    assert "Server: target_qps 77.500 (measured)" in (server / "README.md").read_text()
+    assert not (org / "results/tiny/tiny-llama/Interactive").exists()
+    assert "tiny-llama Interactive is left out: Interactive: left out: too slow here" in (
+        org / "documentation/README.md").read_text()
+    assert check_tree(copy, demo=True).errors == []
+
+
 @pytest.mark.parametrize("system_file", sorted((REPO / "systems").glob("*.json")), ids=lambda p: p.stem)
 def test_repository_system_descriptions_pass_the_system_rules(system_file, tmp_path):
     from compliance.check import Report, check_system
