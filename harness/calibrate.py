@@ -8,12 +8,13 @@ How (in-process, no LoadGen; the engine with the scenario's settings on the benc
 1. Floors: the time to first token of the dataset's longest prompt alone, and a decode step at
    batch 1. A scenario whose floors reach FLOOR_SHARE of its TTFT or TPOT limit cannot be met
    here: it is left out, and the reason says which floor and by how much.
-2. Capacity: PROBE_SECONDS of Poisson arrivals at a first rate (sample indices and gaps from a
+2. Capacity: CAPACITY_SECONDS of Poisson arrivals at a first rate (sample indices and gaps from a
    fixed seed); the engine's busy share of that time u gives capacity ~ rate / u (an underestimate:
    batches grow with load, and a step's cost less than in proportion).
 3. Target: MARGIN of that capacity, checked by a second probe at the target rate: every first
    token under TTFT_TAIL_SHARE of the TTFT limit and every TPOT under TPOT_TAIL_SHARE of the TPOT
-   limit, else the rate drops by a quarter and it probes again, PROBES times at most. LoadGen's
+   limit (PROBE_SECONDS each), else the rate drops by PROBE_STEP and it probes again, PROBES
+   times at most. LoadGen's
    early stopping allows no sample over a limit in a 460-query run, whose slowest first token is
    later than a one-minute probe's (on 2 cores: 1.6x from 41 to 171 requests at the same rate),
    hence half the TTFT limit; TPOT, held by the scheduler's tpot_target_ms, moves less.
@@ -40,7 +41,9 @@ from harness.dataset import DatasetError, load_cnn_eval
 from compliance.audit import LATENCY_LIMITS_MS
 
 FLOOR_SHARE = 0.6  # a floor above this share of a limit leaves no room for queueing
+CAPACITY_SECONDS = 30.0
 PROBE_SECONDS = 60.0
+PROBE_STEP = 0.85
 FIRST_RATE_SHARE = 0.5  # the first probe's rate, as a share of the floors' crude capacity bound
 MARGIN = 0.42  # of the measured capacity
 TTFT_TAIL_SHARE = 0.5  # of the TTFT limit, for a probe's slowest first token
@@ -169,7 +172,7 @@ def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limi
     # A crude upper bound on capacity: every request's prompt at the floor's rate, alone.
     mean_prompt = statistics.mean(map(len, prompts))
     rate = FIRST_RATE_SHARE * 1000 / (ttft_floor * mean_prompt / max(map(len, prompts)) + 30 * tpot_floor)
-    probe = replay(engine, prompts, params, rate, probe_seconds)
+    probe = replay(engine, prompts, params, rate, probe_seconds * CAPACITY_SECONDS / PROBE_SECONDS)
     cal.probes.append(probe)
     cal.capacity_qps = rate / max(probe.busy_share, 1e-3)
     target = MARGIN * cal.capacity_qps
@@ -183,7 +186,7 @@ def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limi
         if probe.meets(ttft_limit_ms, tpot_limit_ms):
             cal.target_qps = target
             return cal
-        target *= 0.75
+        target *= PROBE_STEP
     cal.reason = (f"no probe rate kept its slowest first token under {TTFT_TAIL_SHARE:.0%} of the TTFT limit and its "
                   f"slowest TPOT under {TPOT_TAIL_SHARE:.0%} of the TPOT limit (the last, {cal.probes[-1].qps:.3f} QPS: max TTFT "
                   f"{cal.probes[-1].max_ttft_ms:.0f} ms, max TPOT {cal.probes[-1].max_tpot_ms:.1f} ms)")
