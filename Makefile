@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export SAAF_CACHE ?= $(HOME)/.cache/saaf-infer
 MODEL_DIR := $(SAAF_CACHE)/models/smollm2-135m-instruct
-DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x160.json
+DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x128.json
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
 .PHONY: setup models data test bench run_harness submission gpu-check clean

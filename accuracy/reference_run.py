@@ -4,7 +4,7 @@ batches of 16 left-padded) on the demo dataset, score it with the same ROUGE pip
 the scores. The demo's
 targets are 99% of these (gen_len within 90-110%), as for llama3.1-8b.
 
-    python -m accuracy.reference_run --model MODEL_DIR --dataset xsum-100x160.json --out accuracy/demo_reference.json
+    python -m accuracy.reference_run --model MODEL_DIR --dataset xsum-100x128.json --out accuracy/demo_reference.json
 """
 
 import argparse

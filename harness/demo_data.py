@@ -7,7 +7,7 @@ so that the prompt fits --max-prompt-tokens: on 2 CPU cores prefill runs ~500 to
 Server run at a rate that fits the demo's time budget meets the 2 s first-token limit only with
 prompts this short (README, "Machines").
 
-    python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum-100x160.json
+    python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum-100x128.json
 """
 
 import argparse
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", required=True, help="model folder with the tokenizer")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--num-samples", type=int, default=100)
-    parser.add_argument("--max-prompt-tokens", type=int, default=160)
+    parser.add_argument("--max-prompt-tokens", type=int, default=128)
     args = parser.parse_args()
     from transformers import AutoTokenizer
 

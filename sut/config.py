@@ -130,6 +130,8 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64  # running sequences at most
     tpot_target_ms: float | None = None  # no prefill in a step that could push a decode's TPOT past it (scheduler.py)
+    tpot_cap_ms: float | None = None  # with ttft_patience_ms: the TPOT bound once a prompt has waited that long
+    ttft_patience_ms: float | None = None
     max_model_len: int | None = None  # prompt + output tokens; default: the model's maximum
     block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # pool size; default: sized from kv_cache_memory_gb
@@ -161,6 +163,15 @@ class EngineConfig:
         if self.tpot_target_ms is not None and (isinstance(self.tpot_target_ms, bool) or
                                                 not isinstance(self.tpot_target_ms, (int, float)) or self.tpot_target_ms <= 0):
             raise ConfigError(f"engine setting tpot_target_ms must be a positive number or None, got {self.tpot_target_ms!r}")
+        for name in ("tpot_cap_ms", "ttft_patience_ms"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                raise ConfigError(f"engine setting {name} must be a positive number or None, got {value!r}")
+        if (self.tpot_cap_ms is None) != (self.ttft_patience_ms is None):
+            raise ConfigError("engine settings tpot_cap_ms and ttft_patience_ms go together: set both or neither")
+        if self.tpot_cap_ms is not None and (self.tpot_target_ms is None or self.tpot_cap_ms < self.tpot_target_ms):
+            raise ConfigError(f"engine setting tpot_cap_ms ({self.tpot_cap_ms!r}) needs a tpot_target_ms at most as large, "
+                              f"got {self.tpot_target_ms!r}")
         for name in ("max_model_len", "num_kv_blocks"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):

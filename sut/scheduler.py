@@ -11,7 +11,10 @@ decoding meanwhile waits for it. With a `tpot_target_ms`, a step carries no pref
 decoding sequence's time per output token (since its first token) would exceed the target if
 this step cost as much as the last chunk step and the sequence ended right after it: young
 decodes first bank the slack that a chunk step uses up. That bounds every request's TPOT, under
-bursts of arrivals too, and otherwise lets prefill through at once (the Server setting).
+bursts of arrivals too, and otherwise lets prefill through at once (the Server setting). The bound
+is loose (most sequences go on after the step and pay it back), so with `tpot_cap_ms` and
+`ttft_patience_ms` a prompt that has waited the patience for its first token raises it to the cap:
+in a burst the oldest prompts then get through before their TTFT limit, at the decodes' slack.
 """
 
 from collections import deque
@@ -36,6 +39,8 @@ class Scheduler:
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
         self.tpot_target_s = None if config.tpot_target_ms is None else config.tpot_target_ms / 1000
+        self.tpot_cap_s = None if config.tpot_cap_ms is None else config.tpot_cap_ms / 1000
+        self.ttft_patience_s = None if config.ttft_patience_ms is None else config.ttft_patience_ms / 1000
         self.last_chunk_step_s = 0.0  # how long the last step that carried a prefill chunk took
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -94,11 +99,18 @@ class Scheduler:
         carried a chunk as costly as the last one and the sequence ended right after it."""
         if self.tpot_target_s is None:
             return False
+        bound = self.tpot_cap_s if self._prompt_waited_patience(now) else self.tpot_target_s
         for s in self.running:
             if s.first_token_time is not None and s.num_uncomputed_tokens == 1:
-                if now - s.first_token_time + self.last_chunk_step_s > self.tpot_target_s * len(s.output_token_ids):
+                if now - s.first_token_time + self.last_chunk_step_s > bound * len(s.output_token_ids):
                     return True
         return False
+
+    def _prompt_waited_patience(self, now: float) -> bool:
+        if self.ttft_patience_s is None:
+            return False
+        return any(s.first_token_time is None and now - s.arrival_time >= self.ttft_patience_s
+                   for s in (*self.running, *self.waiting))
 
     def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """Called by the engine after each step with its duration."""

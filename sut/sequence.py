@@ -1,5 +1,6 @@
 """A request's life in the engine: its tokens, how many of them are in the KV cache, its blocks."""
 
+import time
 from collections.abc import Callable
 from enum import Enum, auto
 
@@ -36,6 +37,7 @@ class Sequence:
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
         self.num_preemptions = 0
+        self.arrival_time = time.perf_counter()  # when it was added: its first token's wait starts here
         self.first_token_time: float | None = None  # time.perf_counter() when its first token came
         self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"
         self.error: str | None = None

@@ -140,6 +140,12 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
     for bad in (0, -5, "88", True):
         with pytest.raises(ConfigError, match="tpot_target_ms must be a positive number"):
             LLM(tiny_llama[0], tpot_target_ms=bad)
+    with pytest.raises(ConfigError, match="tpot_cap_ms and ttft_patience_ms go together"):
+        LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=96)
+    with pytest.raises(ConfigError, match=r"tpot_cap_ms \(80\) needs a tpot_target_ms at most as large, got 88"):
+        LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=80, ttft_patience_ms=500)
+    with pytest.raises(ConfigError, match="ttft_patience_ms must be a positive number"):
+        LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=96, ttft_patience_ms=-1)
     with pytest.raises(ConfigError, match="gguf_blocks must be true or false, got 'yes'"):
         LLM(tiny_llama[0], gguf_blocks="yes")
     with pytest.raises(ConfigError, match="int16_activations must be true or false, got 1"):

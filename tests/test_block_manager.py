@@ -167,3 +167,44 @@ def test_tpot_target_holds_back_prefill_for_young_decodes(target_ms):
     else:
         assert "decode" in kinds[2:8]  # some chunks waited for the young decode to bank slack
         assert worst_tpot <= 0.1
+
+
+def _run_fake_clock(config: EngineConfig) -> tuple[float, float]:
+    """A young decode and, from step 2, a 40-token prompt, on a fake clock (decode steps 30 ms, steps
+    with prefill 150 ms): the prompt's time to first token and the decode's worst TPOT."""
+    sched = Scheduler(config, BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False))
+    first, second = seq(list(range(6)), request_id=0, max_tokens=60), seq(list(range(40)), request_id=1, max_tokens=5)
+    first.arrival_time = 0.0
+    sched.add(first)
+    clock, worst_tpot = 0.0, 0.0
+    for step in range(60):
+        if step == 2:
+            second.arrival_time = clock
+            sched.add(second)
+        batch = sched.schedule(clock)
+        seconds = 0.150 if any(n > 1 for n in batch.num_new_tokens) else 0.030
+        clock += seconds
+        sched.record_step(batch, seconds)
+        for s, n in zip(batch.seqs, batch.num_new_tokens):
+            compute(s, n, bm=sched.block_manager)
+            if s.num_computed_tokens == s.num_tokens:
+                s.output_token_ids.append(7)
+                if s.first_token_time is None:
+                    s.first_token_time = clock
+        if len(first.output_token_ids) > 1:
+            worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
+    assert second.num_computed_tokens >= 40, "the second prompt was starved"
+    return second.first_token_time - second.arrival_time, worst_tpot
+
+
+def test_a_prompt_past_its_patience_raises_the_tpot_bound_to_the_cap():
+    """With tpot_cap_ms and ttft_patience_ms, a prompt that has waited the patience lets a chunk
+    through that the target alone holds back, and the decode's TPOT stays under the cap."""
+    settings = dict(max_num_batched_tokens=8, max_num_seqs=8, block_size=4, tpot_target_ms=100)
+    target_only, target_tpot = _run_fake_clock(EngineConfig(**settings))
+    patient, patient_tpot = _run_fake_clock(EngineConfig(**settings, tpot_cap_ms=140, ttft_patience_ms=50))
+    assert patient < target_only, (patient, target_only)
+    assert target_tpot <= 0.100 < patient_tpot <= 0.140
+    # A patience longer than the target alone makes the prompt wait changes nothing.
+    late, late_tpot = _run_fake_clock(EngineConfig(**settings, tpot_cap_ms=140, ttft_patience_ms=10_000))
+    assert (late, late_tpot) == (target_only, target_tpot)

@@ -1,18 +1,27 @@
-"""The load calibration (harness/calibrate.py) on a tiny model: the replay answers every request it
-issues and measures latencies as LoadGen does; a feasible scenario gets a target rate checked by a
-probe, an infeasible one is left out with the floor that rules it out; the calibrated user.conf
-differs from the committed one in target_qps alone; and the chain's time estimate."""
+"""The load calibration (harness/calibrate.py) on a tiny model: LoadGen's Server schedule is one
+sequence scaled by 1/target_qps (what lets the calibration rehearse a run's hardest stretch); the
+worst window is the one with the most prompt tokens; the replay answers every request it issues; a
+feasible scenario gets a rehearsed target, an infeasible one is left out with the floor that rules
+it out; the calibrated user.conf differs from the committed one in target_qps alone; and the
+chain's time estimate."""
+
+import json
+import subprocess
+import sys
 
 import pytest
 
 from compliance.submission import predicted_minutes
-from harness.calibrate import calibrate, calibrated_user_conf, replay
-from harness.config import check_user_conf
+from harness.calibrate import (BURST_SECONDS, PROBE_STEP, WINDOW_SECONDS, calibrate, calibrated_user_conf, poisson_arrivals,
+                               replay, worst_window)
+from harness.config import REPO, check_user_conf
 from sut import LLMEngine, SamplingParams
 
 from conftest import random_prompts
 
 PARAMS = SamplingParams(max_tokens=12, min_tokens=1)
+SERVER_CONF = "llama3_1-8b.Server.target_qps = 1\nllama3_1-8b.Server.min_query_count = 50\n" \
+              "llama3_1-8b.Server.performance_sample_count_override = 20\nllama3_1-8b.Server.min_duration = 0\n"
 
 
 @pytest.fixture(scope="module")
@@ -20,25 +29,63 @@ def engine(tiny_llama):
     return LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_batched_tokens=256)
 
 
+def schedule_at(tmp_path, qps: float) -> list:
+    """loadgen_schedule in a process of its own, with SCHEDULE_QPS set to `qps`."""
+    conf = tmp_path / "user.conf"
+    conf.write_text(SERVER_CONF)
+    code = ("import json, harness.calibrate as c; c.SCHEDULE_QPS = %r; "
+            "print(json.dumps(c.loadgen_schedule(%r, 'llama3_1-8b', 20)))" % (qps, str(conf)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_loadgens_schedule_scales_with_the_rate(tmp_path):
+    fast, slow = schedule_at(tmp_path, 2000.0), schedule_at(tmp_path, 500.0)
+    assert len(fast) == len(slow) == 50 and fast[0][0] == 0
+    assert [i for _, i in fast] == [i for _, i in slow] and all(0 <= i < 20 for _, i in fast)
+    assert [t for t, _ in fast] == sorted(t for t, _ in fast)
+    gaps = [b[0] - a[0] for a, b in zip(fast, fast[1:])]
+    assert 0.5 < sum(gaps) / len(gaps) < 2  # about one arrival per second at 1 QPS
+    for (t_fast, _), (t_slow, _) in zip(fast, slow):
+        assert t_fast == pytest.approx(t_slow, abs=0.01)  # the same times at 1 QPS
+
+
+def test_worst_window_holds_the_densest_burst():
+    prompts = [[1] * 10, [1] * 100]
+    schedule = [(float(t), 0) for t in range(0, 200, 5)] + [(120.0 + k * 0.5, 1) for k in range(6)]
+    schedule.sort()
+    window = worst_window(schedule, prompts, qps=1.0)
+    burst = [t for t, i in window if i == 1]
+    assert len(burst) == 6 and burst[0] == pytest.approx(WINDOW_SECONDS[0])
+    assert window[0][0] >= 0 and window[-1][0] <= sum(WINDOW_SECONDS) + 1e-9
+    assert worst_window(schedule, prompts, qps=2.0)[0][0] >= 0  # the same arrivals, twice as fast
+    assert BURST_SECONDS < WINDOW_SECONDS[1]
+
+
 def test_replay_answers_every_arrival(engine):
-    probe = replay(engine, random_prompts([20, 40, 10, 30]), PARAMS, qps=20, seconds=1.0)
-    assert probe.requests > 5 and probe.completed == probe.requests
+    arrivals = poisson_arrivals(20, 1.0, 4)
+    probe = replay(engine, random_prompts([20, 40, 10, 30]), PARAMS, 20, arrivals, 1.0)
+    assert probe.requests == len(arrivals) > 5 and probe.completed == probe.requests
     assert 0 < probe.busy_share < 1 and 0 < probe.p99_ttft_ms <= probe.max_ttft_ms
     assert 0 < probe.p99_tpot_ms <= probe.max_tpot_ms
     assert not engine.has_unfinished()
 
 
-def test_a_feasible_scenario_gets_a_checked_target(engine):
-    cal = calibrate(engine, random_prompts([20, 40, 10, 30]), PARAMS, "Server", 2000, 100, probe_seconds=1.5,
+def test_a_feasible_scenario_gets_a_rehearsed_target(engine):
+    schedule = poisson_arrivals(1.0, 400, 4, seed=3)
+    cal = calibrate(engine, random_prompts([20, 40, 10, 30]), PARAMS, "Server", 2000, 100, schedule, probe_seconds=1.0,
                     log=lambda _line: None)
     assert cal.ttft_floor_ms > 0 and cal.tpot_floor_ms > 0
     assert cal.target_qps is not None and cal.capacity_qps > cal.target_qps
-    assert cal.probes[-1].qps == pytest.approx(cal.target_qps) and cal.probes[-1].meets(2000, 100)
+    assert cal.target_qps == pytest.approx(PROBE_STEP * cal.probes[-1].qps) and cal.probes[-1].meets(2000, 100)
+    assert not any(probe.meets(2000, 100) for probe in cal.probes[1:-1])  # it stops at the first rate that passes
+    assert cal.probes[-1].seconds == sum(WINDOW_SECONDS)
     assert f"target_qps {cal.target_qps:.3f}" in cal.summary()
 
 
 def test_a_scenario_below_its_floors_is_left_out_with_the_reason(engine):
-    cal = calibrate(engine, random_prompts([20, 40]), PARAMS, "Interactive", 0.01, 30, log=lambda _line: None)
+    cal = calibrate(engine, random_prompts([20, 40]), PARAMS, "Interactive", 0.01, 30, [], log=lambda _line: None)
     assert cal.target_qps is None and not cal.probes
     assert "the longest prompt alone takes" in cal.reason and "0 ms limit" in cal.reason
     assert cal.summary().startswith("Interactive: left out:")

@@ -47,7 +47,7 @@ def test_cli_reports_a_missing_dataset_before_loadgen(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "cpu-demo"], cwd=REPO,
                          capture_output=True, text=True, env={"SAAF_CACHE": str(tmp_path), "PATH": ""})
     assert out.returncode != 0
-    assert "xsum-100x160.json: dataset file not found (for the demo, run `make data`)" in out.stderr
+    assert "xsum-100x128.json: dataset file not found (for the demo, run `make data`)" in out.stderr
     assert "mlperf_log" not in out.stdout
 
 
