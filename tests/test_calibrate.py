@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from compliance.submission import predicted_minutes
+from compliance.submission import interactive_past_budget, predicted_minutes
 from harness.calibrate import (BURST_SECONDS, PROBE_STEP, WINDOW_SECONDS, calibrate, calibrated_user_conf, poisson_arrivals,
                                replay, worst_window)
 from harness.config import REPO, check_user_conf
@@ -107,4 +107,12 @@ def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
 def test_predicted_minutes_of_a_latency_scenario(tmp_path):
     conf = tmp_path / "user.conf"
     conf.write_text("llama3_1-8b.Server.target_qps = 0.5\nllama3_1-8b.Server.min_query_count = 460\n")
-    assert predicted_minutes(conf, 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60)
+    assert predicted_minutes(conf.read_text(), 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60)
+
+
+def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_the_budget():
+    committed = "llama3_1-8b-interactive.Server.target_qps = 0.2\nllama3_1-8b-interactive.Server.min_query_count = 460\n"
+    # (460 + 100 + 100) queries at 0.7 QPS: 15.7 min
+    assert interactive_past_budget(committed, 100, 0.7, elapsed_min=10) is None
+    reason = interactive_past_budget(committed, 100, 0.7, elapsed_min=23)
+    assert reason.startswith("Interactive: left out:") and "Server's 0.700 QPS" in reason and "16 min" in reason
