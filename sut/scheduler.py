@@ -7,14 +7,17 @@ recently admitted sequence is preempted: its blocks are freed and it is recomput
 its prompt and the tokens it already produced, so its output does not change.
 
 A step that carries a prefill chunk costs far more than a decode step, and every sequence
-decoding meanwhile waits for it. With a `tpot_target_ms`, a step carries no prefill when a
-decoding sequence's time per output token (since its first token) would exceed the target if
-this step cost as much as the last chunk step and the sequence ended right after it: young
-decodes first bank the slack that a chunk step uses up. That bounds every request's TPOT, under
-bursts of arrivals too, and otherwise lets prefill through at once (the Server setting). The bound
-is loose (most sequences go on after the step and pay it back), so with `tpot_cap_ms` and
-`ttft_patience_ms` a prompt that has waited the patience for its first token raises it to the cap:
-in a burst the oldest prompts then get through before their TTFT limit, at the decodes' slack.
+decoding meanwhile waits for it. With a `tpot_target_ms`, a step carries prefill only when every
+decoding sequence's time per output token (since its first token) stays under the target were the
+step to cost as much as the last one with prefill and the sequence to end right after it; and then
+only as many prefill tokens as keep it so, at the last chunk's cost per token (a larger chunk than
+the last would pass the target). Young decodes first bank the slack that a chunk uses up, and
+chunks do not shrink step by step (small ones cost more per token). That bounds every request's
+TPOT, under bursts of arrivals too, and otherwise lets prefill through at once (the Server
+setting). The bound is loose (most sequences go on after the step and pay it back), so
+with `tpot_cap_ms` and `ttft_patience_ms` a prompt that has waited the patience for its first
+token raises it to the cap: in a burst the oldest prompts then get through before their TTFT
+limit, at the decodes' slack.
 """
 
 from collections import deque
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig
 from sut.sequence import Sequence, SequenceStatus
+
 
 
 @dataclass
@@ -42,6 +46,8 @@ class Scheduler:
         self.tpot_cap_s = None if config.tpot_cap_ms is None else config.tpot_cap_ms / 1000
         self.ttft_patience_s = None if config.ttft_patience_ms is None else config.ttft_patience_ms / 1000
         self.last_chunk_step_s = 0.0  # how long the last step that carried a prefill chunk took
+        self.prefill_token_s = 0.0  # its cost beyond a decode step, per prefill token
+        self.decode_step_s = 0.0  # how long the last decode-only step took
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -59,13 +65,14 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         scheduled: dict[Sequence, int] = {}
         preempted = False
-        decode_only = self._chunk_would_miss_tpot(now)
+        prefill_left = self._prefill_budget(now)
         for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):  # decodes first
-            if budget == 0 or (decode_only and seq.num_uncomputed_tokens > 1):
+            prefill = seq.num_uncomputed_tokens > 1
+            if budget == 0 or (prefill and prefill_left == 0):
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(seq.num_uncomputed_tokens, budget, prefill_left if prefill else 1)
             while not self.block_manager.can_allocate(seq, n):
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
@@ -77,11 +84,12 @@ class Scheduler:
                 self.block_manager.allocate(seq, n)
                 scheduled[seq] = n
                 budget -= n
+                prefill_left -= n if prefill else 0
         # Admit waiting requests only when nothing was preempted: there is room to spare.
-        while not preempted and not decode_only and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while not preempted and prefill_left > 0 and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             self.block_manager.match_prefix(seq)
-            n = min(seq.num_uncomputed_tokens, budget)
+            n = min(seq.num_uncomputed_tokens, budget, prefill_left)
             if not self.block_manager.can_allocate(seq, n):
                 self._release(seq)
                 break
@@ -91,20 +99,24 @@ class Scheduler:
             self.running.append(seq)
             scheduled[seq] = n
             budget -= n
+            prefill_left -= n
         self._track_peak(scheduled)
         return ScheduledBatch(list(scheduled), list(scheduled.values()))
 
-    def _chunk_would_miss_tpot(self, now: float) -> bool:
-        """Whether a decoding sequence's time per output token would exceed the target if this step
-        carried a chunk as costly as the last one and the sequence ended right after it."""
-        if self.tpot_target_s is None:
-            return False
+    def _prefill_budget(self, now: float) -> int:
+        """How many prefill tokens this step may carry without pushing a decoding sequence's time
+        per output token past the bound, were it to end right after the step."""
+        unlimited = self.max_num_batched_tokens
+        if self.tpot_target_s is None or self.prefill_token_s == 0.0:
+            return unlimited
         bound = self.tpot_cap_s if self._prompt_waited_patience(now) else self.tpot_target_s
-        for s in self.running:
-            if s.first_token_time is not None and s.num_uncomputed_tokens == 1:
-                if now - s.first_token_time + self.last_chunk_step_s > bound * len(s.output_token_ids):
-                    return True
-        return False
+        slack = min((bound * len(s.output_token_ids) - (now - s.first_token_time) for s in self.running
+                     if s.first_token_time is not None and s.num_uncomputed_tokens == 1), default=None)
+        if slack is None:
+            return unlimited
+        if slack < self.last_chunk_step_s:  # no chunk smaller than the last: small chunks cost more per token
+            return 0
+        return min(int((slack - self.decode_step_s) / self.prefill_token_s), unlimited)
 
     def _prompt_waited_patience(self, now: float) -> bool:
         if self.ttft_patience_s is None:
@@ -114,8 +126,12 @@ class Scheduler:
 
     def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """Called by the engine after each step with its duration."""
-        if any(n > 1 for n in batch.num_new_tokens):
+        prefill = sum(n for n in batch.num_new_tokens if n > 1)
+        if prefill:
             self.last_chunk_step_s = seconds
+            self.prefill_token_s = max(seconds - self.decode_step_s, 0.0) / prefill or 1e-6
+        else:
+            self.decode_step_s = seconds
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -132,57 +132,23 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
     assert sched.num_preemptions > 0, "the pool is small enough that every trial preempts"
 
 
-@pytest.mark.parametrize("target_ms", [None, 100])
-def test_tpot_target_holds_back_prefill_for_young_decodes(target_ms):
-    """With tpot_target_ms, a step carries prefill only when no decoding request's time per output
-    token could pass the target by it; run on a fake clock (decode steps 30 ms, steps with
-    prefill 150 ms), the decoding request's TPOT stays under the target after every step, and
-    the long prompt that arrives meanwhile still gets all its chunks."""
-    config = EngineConfig(max_num_batched_tokens=8, max_num_seqs=8, block_size=4, tpot_target_ms=target_ms)
-    bm = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False)
-    sched = Scheduler(config, bm)
-    first, second = seq(list(range(6)), request_id=0, max_tokens=60), seq(list(range(40)), request_id=1, max_tokens=5)
-    sched.add(first)
-    clock, kinds, worst_tpot = 0.0, [], 0.0
-    for step in range(60):
-        if step == 2:
-            sched.add(second)
-        batch = sched.schedule(clock)
-        chunk = any(n > 1 for n in batch.num_new_tokens)
-        kinds.append("chunk" if chunk else "decode")
-        clock += 0.150 if chunk else 0.030
-        sched.record_step(batch, 0.150 if chunk else 0.030)
-        for s, n in zip(batch.seqs, batch.num_new_tokens):
-            compute(s, n, bm)
-            if s.num_computed_tokens == s.num_tokens:
-                s.output_token_ids.append(7)
-                if s.first_token_time is None:
-                    s.first_token_time = clock
-        if len(first.output_token_ids) > 1:
-            worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
-    assert second.num_computed_tokens >= 40, "the second prompt was starved"
-    if target_ms is None:  # chunks back to back from step 2: 40 tokens, 7 per step beside the decode
-        assert kinds[2:8] == ["chunk"] * 6
-        assert worst_tpot > 0.1
-    else:
-        assert "decode" in kinds[2:8]  # some chunks waited for the young decode to bank slack
-        assert worst_tpot <= 0.1
-
-
-def _run_fake_clock(config: EngineConfig) -> tuple[float, float]:
-    """A young decode and, from step 2, a 40-token prompt, on a fake clock (decode steps 30 ms, steps
-    with prefill 150 ms): the prompt's time to first token and the decode's worst TPOT."""
-    sched = Scheduler(config, BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=False))
-    first, second = seq(list(range(6)), request_id=0, max_tokens=60), seq(list(range(40)), request_id=1, max_tokens=5)
+def _run_fake_clock(config: EngineConfig) -> tuple[float, float, list[int]]:
+    """A young decode and, from step 1, a 300-token prompt, on a fake clock (a step costs 30 ms plus
+    2 ms per prefill token): the prompt's time to first token, the decode's worst TPOT, and the
+    prompt's chunk sizes."""
+    sched = Scheduler(config, BlockManager(num_blocks=256, block_size=4, enable_prefix_caching=False))
+    first, second = seq(list(range(6)), request_id=0, max_tokens=80), seq(list(range(300)), request_id=1, max_tokens=5)
     first.arrival_time = 0.0
     sched.add(first)
-    clock, worst_tpot = 0.0, 0.0
-    for step in range(60):
-        if step == 2:
+    clock, worst_tpot, chunks = 0.0, 0.0, []
+    for step in range(120):
+        if step == 1:
             second.arrival_time = clock
             sched.add(second)
         batch = sched.schedule(clock)
-        seconds = 0.150 if any(n > 1 for n in batch.num_new_tokens) else 0.030
+        prefill = sum(n for n in batch.num_new_tokens if n > 1)
+        chunks += [n for s, n in zip(batch.seqs, batch.num_new_tokens) if s is second and n > 1]
+        seconds = 0.030 + 0.002 * prefill
         clock += seconds
         sched.record_step(batch, seconds)
         for s, n in zip(batch.seqs, batch.num_new_tokens):
@@ -193,18 +159,31 @@ def _run_fake_clock(config: EngineConfig) -> tuple[float, float]:
                     s.first_token_time = clock
         if len(first.output_token_ids) > 1:
             worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
-    assert second.num_computed_tokens >= 40, "the second prompt was starved"
-    return second.first_token_time - second.arrival_time, worst_tpot
+    assert second.num_computed_tokens >= 300, "the second prompt was starved"
+    return second.first_token_time - second.arrival_time, worst_tpot, chunks
+
+
+SETTINGS = dict(max_num_batched_tokens=64, max_num_seqs=8, block_size=4)
+
+
+def test_tpot_target_sizes_prefill_to_the_decodes_slack():
+    """With tpot_target_ms, a step carries only as many prefill tokens as keep the decoding
+    request's TPOT under the target were it to end right after the step: without it, chunks fill
+    the budget and the TPOT passes the target; with it, the TPOT stays under and the chunks vary."""
+    _, free_tpot, free_chunks = _run_fake_clock(EngineConfig(**SETTINGS))
+    assert free_tpot > 0.060 and free_chunks[:4] == [63] * 4
+    _, tpot, chunks = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60))
+    assert tpot <= 0.060 + 1e-9  # the fake clock is linear, so the prediction is exact
+    assert sum(chunks) == 300 and min(chunks) < 63 and len(set(chunks)) > 2, chunks
 
 
 def test_a_prompt_past_its_patience_raises_the_tpot_bound_to_the_cap():
-    """With tpot_cap_ms and ttft_patience_ms, a prompt that has waited the patience lets a chunk
-    through that the target alone holds back, and the decode's TPOT stays under the cap."""
-    settings = dict(max_num_batched_tokens=8, max_num_seqs=8, block_size=4, tpot_target_ms=100)
-    target_only, target_tpot = _run_fake_clock(EngineConfig(**settings))
-    patient, patient_tpot = _run_fake_clock(EngineConfig(**settings, tpot_cap_ms=140, ttft_patience_ms=50))
-    assert patient < target_only, (patient, target_only)
-    assert target_tpot <= 0.100 < patient_tpot <= 0.140
+    """With tpot_cap_ms and ttft_patience_ms, a prompt that has waited the patience gets its first
+    token sooner than under the target alone, and the decode's TPOT stays under the cap."""
+    target_ttft, target_tpot, _ = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60))
+    ttft, tpot, _ = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60, tpot_cap_ms=90, ttft_patience_ms=50))
+    assert ttft < target_ttft, (ttft, target_ttft)
+    assert target_tpot <= 0.060 + 1e-9 < tpot <= 0.090 + 1e-9
     # A patience longer than the target alone makes the prompt wait changes nothing.
-    late, late_tpot = _run_fake_clock(EngineConfig(**settings, tpot_cap_ms=140, ttft_patience_ms=10_000))
-    assert (late, late_tpot) == (target_only, target_tpot)
+    late = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60, tpot_cap_ms=90, ttft_patience_ms=10_000))
+    assert late[:2] == (target_ttft, target_tpot)
