@@ -17,8 +17,7 @@ How (in-process, no LoadGen; the engine with the scenario's settings on the benc
    itself (a run at 1000 QPS against a SUT that answers at once), and the probe replays the
    WINDOW_SECONDS around the BURST_SECONDS in which the most prompt tokens arrive at the candidate
    rate. LoadGen's early stopping allows no sample over a limit in a 460-query run, and a
-   one-minute stretch of Poisson arrivals rarely holds that run's worst burst (a 60-s probe at
-   0.728 QPS saw a slowest first token of 775 ms, the LoadGen run at that rate 3.2 s). Every first
+   one-minute stretch of Poisson arrivals rarely holds that run's worst burst (README). Every first
    token must stay under TTFT_TAIL_SHARE of the TTFT limit and every TPOT under TPOT_TAIL_SHARE of
    the TPOT limit; else the rate drops by PROBE_STEP and it rehearses again, PROBES times at most.
 4. The target is one PROBE_STEP below the rate that passed: a burst's slowest first token moves by
@@ -53,7 +52,7 @@ BURST_SECONDS = 5.0
 PROBE_STEP = 0.85
 SCHEDULE_QPS = 1000.0
 FIRST_RATE_SHARE = 0.5  # the first probe's rate, as a share of the floors' crude capacity bound
-MARGIN = 0.3  # of the capacity estimate (an upper bound, README): the first rate rehearsed
+MARGIN = 0.3  # of the capacity estimate (throughput, far above what meets the limits): the first rate rehearsed
 TTFT_TAIL_SHARE = 0.75  # of the TTFT limit, for a rehearsal's slowest first token
 TPOT_TAIL_SHARE = 0.9  # of the TPOT limit, for a rehearsal's slowest TPOT
 PROBES = 4
