@@ -160,10 +160,7 @@ class EngineConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine setting {name} must be a positive integer, got {value!r}")
-        if self.tpot_target_ms is not None and (isinstance(self.tpot_target_ms, bool) or
-                                                not isinstance(self.tpot_target_ms, (int, float)) or self.tpot_target_ms <= 0):
-            raise ConfigError(f"engine setting tpot_target_ms must be a positive number or None, got {self.tpot_target_ms!r}")
-        for name in ("tpot_cap_ms", "ttft_patience_ms"):
+        for name in ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 raise ConfigError(f"engine setting {name} must be a positive number or None, got {value!r}")

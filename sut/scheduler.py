@@ -28,7 +28,6 @@ from sut.config import EngineConfig
 from sut.sequence import Sequence, SequenceStatus
 
 
-
 @dataclass
 class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
