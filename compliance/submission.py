@@ -39,17 +39,24 @@ def predicted_minutes(user_conf: str, dataset_size: int) -> float:
     return (int(queries.group(1)) if queries else dataset_size) / qps / 60 + (dataset_size + TEST06_QUERIES) / qps / 60
 
 
+def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | None:
+    """How a demo chain's latency scenario at the target_qps of `user_conf` would overrun
+    DEMO_BUDGET_MIN after `elapsed_min`, or None when it would not."""
+    minutes = predicted_minutes(user_conf, dataset_size)
+    if elapsed_min + minutes <= DEMO_BUDGET_MIN:
+        return None
+    return (f"its runs would take {minutes:.0f} min, past the demo's {DEMO_BUDGET_MIN}-min budget after "
+            f"{elapsed_min:.0f} min (Server covers the checker's one of Server and Interactive)")
+
+
 def interactive_past_budget(committed_conf: str, dataset_size: int, server_qps: float, elapsed_min: float) -> str | None:
     """Why a demo leaves out Interactive without calibrating it, or None. Its limits are tighter
     than Server's in both TTFT and TPOT, so it sustains at most Server's calibrated rate: when its
     runs would overrun the budget even at that rate, calibrating it (minutes) would only add to that."""
     conf = re.sub(r"\.target_qps\s*=\s*[\d.]+", f".target_qps = {server_qps}", committed_conf)
-    minutes = predicted_minutes(conf, dataset_size)
-    if elapsed_min + minutes <= DEMO_BUDGET_MIN:
-        return None
-    return (f"Interactive: left out: its tighter limits allow at most Server's {server_qps:.3f} QPS, at which its runs "
-            f"would take {minutes:.0f} min, past the demo's {DEMO_BUDGET_MIN}-min budget after {elapsed_min:.0f} min "
-            f"(Server covers the checker's one of Server and Interactive); not calibrated")
+    overrun = past_budget(conf, dataset_size, elapsed_min)
+    return overrun and (f"Interactive: left out: its tighter limits allow at most Server's {server_qps:.3f} QPS, at "
+                        f"which {overrun}; not calibrated")
 
 
 def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: float) -> list[str] | None:
@@ -75,14 +82,11 @@ def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: 
         sys.exit(f"submission: `{' '.join(command[1:])}` failed; stopping")
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
-        minutes = predicted_minutes((logs / "calibration" / "user.conf").read_text(),
-                                    len(load_cnn_eval(system.datasets[benchmark])))
-        elapsed = (time.time() - start) / 60
-        if elapsed + minutes > DEMO_BUDGET_MIN:
-            calibration["summary"] = (f"Interactive: left out: at its calibrated {calibration['target_qps']:.3f} QPS its "
-                                      f"runs would take {minutes:.0f} min, past the demo's {DEMO_BUDGET_MIN}-min budget "
-                                      f"after {elapsed:.0f} min (Server covers the checker's one of Server and "
-                                      f"Interactive); {calibration['summary']}")
+        overrun = past_budget((logs / "calibration" / "user.conf").read_text(),
+                              len(load_cnn_eval(system.datasets[benchmark])), (time.time() - start) / 60)
+        if overrun:
+            calibration["summary"] = (f"Interactive: left out: at its calibrated {calibration['target_qps']:.3f} QPS "
+                                      f"{overrun}; {calibration['summary']}")
             calibration["target_qps"] = None
             (logs / "calibration" / "calibration.json").write_text(json.dumps(calibration, indent=2) + "\n")
     if calibration["target_qps"] is None:

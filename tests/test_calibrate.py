@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from compliance.submission import interactive_past_budget, predicted_minutes
+from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
 from harness.calibrate import (BURST_SECONDS, REPLAYS, WINDOW_SECONDS, calibrate, calibrated_user_conf, poisson_arrivals,
                                replay, worst_window)
 from harness.config import REPO, check_user_conf
@@ -108,7 +108,9 @@ def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
 def test_predicted_minutes_of_a_latency_scenario(tmp_path):
     conf = tmp_path / "user.conf"
     conf.write_text("llama3_1-8b.Server.target_qps = 0.5\nllama3_1-8b.Server.min_query_count = 460\n")
-    assert predicted_minutes(conf.read_text(), 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60)
+    assert predicted_minutes(conf.read_text(), 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60)  # 25.3 min
+    assert past_budget(conf.read_text(), 200, elapsed_min=4) is None
+    assert past_budget(conf.read_text(), 200, elapsed_min=5).startswith("its runs would take 25 min, past the demo's 30-min")
 
 
 def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_the_budget():
