@@ -512,6 +512,12 @@ static inline __attribute__((always_inline)) void micro_i16(int q8, const uint8_
 }
 #endif
 
+#ifdef LEVEL_AVX2
+#define LONE_ROW_TILE 1
+#else
+#define LONE_ROW_TILE 2
+#endif
+
 #ifndef LEVEL_AVX512
 /* Groups of 16 rows split over the threads; per group, the input rows in tiles of MI, written to
    a 16-wide scratch row and copied out (the last group of a layer may be partly padding). */
@@ -520,8 +526,10 @@ static int matmul_i16(int q8, const float *x, const uint8_t *codes, const float 
     if (K % QK) return -1;
     if (M == 0) return 0;
     long nb = K / QK, groups = (N + GR - 1) / GR, block_bytes = q8 ? 512 : 256;
-    int16_t *xq = malloc(M * K * sizeof(int16_t));
-    float *xs = malloc(M * nb * sizeof(float)), *xsum = malloc(M * nb * sizeof(float));
+    /* One zero row past the input: the portable code takes a lone row as two (GCC vectorizes the
+       one-row tile so poorly that two rows take half its time). */
+    int16_t *xq = calloc((M + 1) * K, sizeof(int16_t));
+    float *xs = calloc((M + 1) * nb, sizeof(float)), *xsum = calloc((M + 1) * nb, sizeof(float));
     int failed = !xq || !xs || !xsum;
     if (!failed) {
 #pragma omp parallel
@@ -542,13 +550,13 @@ static int matmul_i16(int q8, const float *x, const uint8_t *codes, const float 
                         case 4: TILE(1, 4); break;
                         case 3: TILE(1, 3); break;
                         case 2: TILE(1, 2); break;
-                        default: TILE(1, 1); break;
+                        default: TILE(1, LONE_ROW_TILE); break;
                         }
                     else switch (mr) {
                         case 4: TILE(0, 4); break;
                         case 3: TILE(0, 3); break;
                         case 2: TILE(0, 2); break;
-                        default: TILE(0, 1); break;
+                        default: TILE(0, LONE_ROW_TILE); break;
                         }
 #undef TILE
                     for (int r = 0; r < mr; r++) memcpy(y + (i + r) * N + g * GR, out[r], rows * sizeof(float));

@@ -33,11 +33,16 @@ from sut.model import FusedLinear
 BLOCK = 32  # weights per block in both formats
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
 # Up to this many rows the exact block kernels beat oneDNN's fp32 GEMM, per instruction-set level
-# (`python -m sut.step_bench` decode steps at batch 1-16 on 2 cores, with and without blocks).
-BLOCK_ROWS_MAX = {"portable": 8, "avx2": 8, "avx512": 8}
-# Up to this many rows the int16 kernels beat oneDNN's fp32 GEMM; above, an int16 layer computes
-# exactly on its dense weights (faster there, and exact).
-INT16_ROWS_MAX = {"portable": 8, "avx2": 16, "avx512": 1 << 30}
+# and format (`python -m sut.step_bench` decode steps at batch 1-16 on 2 cores, with and without
+# blocks; the portable level's from timing each kernel against oneDNN held to SSE4.1, where the
+# exact Q4_1 kernel is slower at any size and the exact Q8_0 one faster up to 32 rows at least).
+BLOCK_ROWS_MAX = {"portable": {"Q4_1": 0, "Q8_0": 32}, "avx2": {"Q4_1": 8, "Q8_0": 8},
+                  "avx512": {"Q4_1": 8, "Q8_0": 8}}
+# Up to this many rows the int16 kernels beat both; above, an int16 layer computes exactly, from
+# its blocks up to BLOCK_ROWS_MAX rows and on its dense weights beyond (faster there, and exact).
+# The portable int16 Q8_0 kernel is slower than the exact one at any size.
+INT16_ROWS_MAX = {"portable": {"Q4_1": 4, "Q8_0": 0}, "avx2": {"Q4_1": 16, "Q8_0": 16},
+                  "avx512": {"Q4_1": 1 << 30, "Q8_0": 1 << 30}}
 
 
 @dataclass
@@ -135,31 +140,35 @@ class BlockWeights:
 
 
 class BlockQuantLinear(nn.Module):
-    """A linear layer that computes from its blocks for at most `block_rows` rows and from its
-    dense weights (`dense`, packed for oneDNN by the runner) otherwise. With `int16`, from its
-    blocks with int16 inputs (BlockWeights.matmul_int16) up to INT16_ROWS_MAX rows; on a level
-    where that is every batch, it keeps no dense weights. `lib`: the kernels (default: the
-    engine's level, sut.cpu_build.library())."""
+    """A linear layer that computes, by the number of input rows: with `int16`, from its blocks
+    with int16 inputs (BlockWeights.matmul_int16) up to `int16_rows` (INT16_ROWS_MAX); then
+    exactly from its blocks up to `exact_rows` (BLOCK_ROWS_MAX); then from its dense weights
+    (`dense`, packed for oneDNN by the runner), which it drops on a level where the blocks take
+    every batch. `block_rows`: up to how many rows it takes its own kernel (int16 or exact; what
+    the one-call decode layers run). `lib`: the kernels (default: the engine's level,
+    sut.cpu_build.library())."""
 
     def __init__(self, dense: nn.Linear, blocks: BlockWeights, int16: bool = False, lib=None):
         super().__init__()
         self.blocks, self.int16, self.bias = blocks, int16, dense.bias
         self.out_features = dense.out_features
         self.lib = lib or library()
-        self.block_rows = (INT16_ROWS_MAX if int16 else BLOCK_ROWS_MAX)[self.lib.level]
+        self.int16_rows = INT16_ROWS_MAX[self.lib.level][blocks.format] if int16 else 0
+        self.exact_rows = BLOCK_ROWS_MAX[self.lib.level][blocks.format]
+        self.block_rows = self.int16_rows if int16 else self.exact_rows
         # Dense weights that are never read are dropped (and the runner does not pack them).
-        self.dense = None if self.block_rows >= 1 << 30 else dense
+        self.dense = None if max(self.int16_rows, self.exact_rows) >= 1 << 30 else dense
         if int16:
             blocks.int16_layout()  # built at load, not in the first step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        if flat.shape[0] > self.block_rows:
-            return self.dense(x)
-        if self.int16:
+        if flat.shape[0] <= self.int16_rows:
             y = self.blocks.matmul_int16(flat.contiguous(), self.lib)
-        else:
+        elif flat.shape[0] <= self.exact_rows:
             y = self.blocks.matmul(flat.contiguous(), self.lib)
+        else:
+            return self.dense(x)
         if self.bias is not None:
             y += self.bias
         return y.view(*x.shape[:-1], self.out_features)

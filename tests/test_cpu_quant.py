@@ -74,23 +74,29 @@ def test_int16_kernel_error_is_that_of_rounding_x_to_int16(level, fmt, rows_out,
 
 
 @pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("int16", [False, True])
-def test_block_linear_uses_blocks_up_to_its_levels_row_limit(monkeypatch, level, int16):
+def test_block_linear_takes_each_kernel_up_to_its_levels_row_limits(monkeypatch, level, fmt, int16):
     dense = nn.Linear(64, 40, bias=True)
-    blocks = BlockWeights.from_raw(random_blocks(40, 64, "Q4_1"), "Q4_1")
+    blocks = BlockWeights.from_raw(random_blocks(40, 64, fmt), fmt)
     dense.weight.data = blocks.dequantize()
     layer = BlockQuantLinear(dense, blocks, int16, library(level))
-    limit = (INT16_ROWS_MAX if int16 else BLOCK_ROWS_MAX)[level]
-    assert layer.block_rows == limit and (layer.dense is None) == (limit >= 1 << 30)
+    int16_rows = INT16_ROWS_MAX[level][fmt] if int16 else 0
+    exact_rows = BLOCK_ROWS_MAX[level][fmt]
+    assert (layer.int16_rows, layer.exact_rows) == (int16_rows, exact_rows)
+    assert (layer.dense is None) == (max(int16_rows, exact_rows) >= 1 << 30)
     calls = []
-    name = "matmul_int16" if int16 else "matmul"
-    kernel = getattr(BlockWeights, name)
-    monkeypatch.setattr(BlockWeights, name, lambda self, x, lib: calls.append(x.shape[0]) or kernel(self, x, lib))
-    rows_tried = [0, 1, min(limit, 300), min(limit + 1, 300), 300]
+    for name in ("matmul_int16", "matmul"):
+        kernel = getattr(BlockWeights, name)
+        monkeypatch.setattr(BlockWeights, name, lambda self, x, lib, kernel=kernel, name=name:
+                            calls.append((name, x.shape[0])) or kernel(self, x, lib))
+    rows_tried = sorted({0, 1, *(min(n, 300) for n in (int16_rows, int16_rows + 1, exact_rows, exact_rows + 1)), 300})
     for rows in rows_tried:
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), dense(x), rtol=1e-3 if int16 else 1e-5, atol=1e-3 if int16 else 1e-5)
-    assert calls == [rows for rows in rows_tried if rows <= limit]
+    expected = [("matmul_int16", n) if n <= int16_rows else ("matmul", n) for n in rows_tried
+                if n <= max(int16_rows, exact_rows)]
+    assert calls == expected
     assert layer(torch.randn(2, 3, 64)).shape == (2, 3, 40)
 
 
