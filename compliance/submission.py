@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from compliance.audit import LATENCY_LIMITS_MS
 from compliance.check import check_tree
 from compliance.package import PackagingError, load_calibration, package
 from harness.config import REPO, RunConfig, System
@@ -49,14 +50,20 @@ def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | 
             f"{elapsed_min:.0f} min (Server covers the checker's one of Server and Interactive)")
 
 
-def interactive_past_budget(committed_conf: str, dataset_size: int, server_qps: float, elapsed_min: float) -> str | None:
-    """Why a demo leaves out Interactive without calibrating it, or None. Its limits are tighter
-    than Server's in both TTFT and TPOT, so it sustains at most Server's calibrated rate: when its
-    runs would overrun the budget even at that rate, calibrating it (minutes) would only add to that."""
-    conf = re.sub(r"\.target_qps\s*=\s*[\d.]+", f".target_qps = {server_qps}", committed_conf)
+def interactive_past_budget(committed_conf: str, dataset_size: int, server: dict, limits_ms: tuple[float, float],
+                            elapsed_min: float) -> str | None:
+    """Why a demo leaves out Interactive without calibrating it, or None. Its limits (`limits_ms`,
+    TTFT and TPOT) are tighter than Server's in both, so it sustains at most Server's calibrated
+    rate (`server`: Server's calibration): when its runs would overrun the budget even at that
+    rate, calibrating it (minutes) would only add to that. The reason gives the step times Server's
+    calibration measured, against Interactive's limits."""
+    conf = re.sub(r"\.target_qps\s*=\s*[\d.]+", f".target_qps = {server['target_qps']}", committed_conf)
     overrun = past_budget(conf, dataset_size, elapsed_min)
-    return overrun and (f"Interactive: left out: its tighter limits allow at most Server's {server_qps:.3f} QPS, at "
-                        f"which {overrun}; not calibrated")
+    return overrun and (f"Interactive: left out: its tighter limits allow at most Server's {server['target_qps']:.3f} "
+                        f"QPS, at which {overrun}; not calibrated (Server's calibration measured the longest prompt "
+                        f"alone at {server['ttft_floor_ms']:.0f} ms to its first token and a decode step at batch 1 "
+                        f"at {server['tpot_floor_ms']:.1f} ms, against Interactive's {limits_ms[0]:.0f} / "
+                        f"{limits_ms[1]:.0f} ms limits)")
 
 
 def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: float) -> list[str] | None:
@@ -67,9 +74,10 @@ def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: 
     server = load_calibration(logs.parent / "Server")
     reason = None
     if system.demo and scenario == "Interactive" and server is not None and server["target_qps"] is not None:
-        committed = RunConfig.resolve(system.name, benchmark, scenario, "performance").user_conf.read_text()
-        reason = interactive_past_budget(committed, len(load_cnn_eval(system.datasets[benchmark])),
-                                         server["target_qps"], (time.time() - start) / 60)
+        cfg = RunConfig.resolve(system.name, benchmark, scenario, "performance")
+        reason = interactive_past_budget(cfg.user_conf.read_text(), len(load_cnn_eval(system.datasets[benchmark])),
+                                         server, LATENCY_LIMITS_MS[cfg.benchmark.loadgen_model][scenario],
+                                         (time.time() - start) / 60)
     if reason is not None:
         (logs / "calibration").mkdir(parents=True, exist_ok=True)
         (logs / "calibration" / "calibration.json").write_text(

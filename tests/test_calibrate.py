@@ -116,6 +116,8 @@ def test_predicted_minutes_of_a_latency_scenario(tmp_path):
 def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_the_budget():
     committed = "llama3_1-8b-interactive.Server.target_qps = 0.2\nllama3_1-8b-interactive.Server.min_query_count = 460\n"
     # (460 + 100 + 100) queries at 0.7 QPS: 15.7 min
-    assert interactive_past_budget(committed, 100, 0.7, elapsed_min=10) is None
-    reason = interactive_past_budget(committed, 100, 0.7, elapsed_min=23)
+    server = {"target_qps": 0.7, "ttft_floor_ms": 325.4, "tpot_floor_ms": 9.31}
+    assert interactive_past_budget(committed, 100, server, (500, 30), elapsed_min=10) is None
+    reason = interactive_past_budget(committed, 100, server, (500, 30), elapsed_min=23)
     assert reason.startswith("Interactive: left out:") and "Server's 0.700 QPS" in reason and "16 min" in reason
+    assert "longest prompt alone at 325 ms" in reason and "batch 1 at 9.3 ms" in reason and "500 / 30 ms" in reason
