@@ -9,23 +9,27 @@ its prompt and the tokens it already produced, so its output does not change.
 A step that carries a prefill chunk costs far more than a decode step, and every sequence
 decoding meanwhile waits for it. With a `tpot_target_ms`, a step carries prefill only when every
 decoding sequence's time per output token (since its first token) stays under the target were the
-step to cost as much as the last one with prefill and the sequence to end right after it; and then
-only as many prefill tokens as keep it so, at the last chunk's cost per token (a larger chunk than
-the last would pass the target). Young decodes first bank the slack that a chunk uses up, and
-chunks do not shrink step by step (small ones cost more per token). That bounds every request's
-TPOT, under bursts of arrivals too, and otherwise lets prefill through at once (the Server
-setting). The bound is loose (most sequences go on after the step and pay it back), so
-with `tpot_cap_ms` and `ttft_patience_ms` a prompt that has waited the patience for its first
-token raises it to the cap: in a burst the oldest prompts then get through before their TTFT
-limit, at the decodes' slack.
+step to cost as much as a recent one with prefill and the sequence to end right after it; and then
+only as many prefill tokens as keep it so, at the recent chunks' cost per token. Young decodes first
+bank the slack that a chunk uses up, and chunks do not shrink step by step (small ones cost more
+per token). The costs are medians of the last RECENT_STEPS steps of each kind: after one slow step
+(a pause of the whole process) the last one alone would hold prefill back until a decode had banked
+that step's time. That bounds every request's TPOT, under bursts of arrivals too, and otherwise
+lets prefill through at once (the Server setting). The bound is loose (most sequences go on after
+the step and pay it back), so with `tpot_cap_ms` and `ttft_patience_ms` a prompt that has waited
+the patience for its first token raises it to the cap: in a burst the oldest prompts then get
+through before their TTFT limit, at the decodes' slack.
 """
 
+import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig
 from sut.sequence import Sequence, SequenceStatus
+
+RECENT_STEPS = 5
 
 
 @dataclass
@@ -44,9 +48,13 @@ class Scheduler:
         self.tpot_target_s = None if config.tpot_target_ms is None else config.tpot_target_ms / 1000
         self.tpot_cap_s = None if config.tpot_cap_ms is None else config.tpot_cap_ms / 1000
         self.ttft_patience_s = None if config.ttft_patience_ms is None else config.ttft_patience_ms / 1000
-        self.last_chunk_step_s = 0.0  # how long the last step that carried a prefill chunk took
-        self.prefill_token_s = 0.0  # its cost beyond a decode step, per prefill token
-        self.decode_step_s = 0.0  # how long the last decode-only step took
+        # Recent steps with a chunk, as (seconds, cost per prefill token beyond a decode step), and
+        # decode-only ones; the medians of each are what a step is predicted to cost.
+        self.chunk_steps: deque[tuple[float, float]] = deque(maxlen=RECENT_STEPS)
+        self.decode_steps: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.chunk_step_s = 0.0
+        self.prefill_token_s = 0.0
+        self.decode_step_s = 0.0
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -113,7 +121,7 @@ class Scheduler:
                      if s.first_token_time is not None and s.num_uncomputed_tokens == 1), default=None)
         if slack is None:
             return unlimited
-        if slack < self.last_chunk_step_s:  # no chunk smaller than the last: small chunks cost more per token
+        if slack < self.chunk_step_s:  # no chunk smaller than recent ones: small chunks cost more per token
             return 0
         return min(int((slack - self.decode_step_s) / self.prefill_token_s), unlimited)
 
@@ -127,10 +135,12 @@ class Scheduler:
         """Called by the engine after each step with its duration."""
         prefill = sum(n for n in batch.num_new_tokens if n > 1)
         if prefill:
-            self.last_chunk_step_s = seconds
-            self.prefill_token_s = max(seconds - self.decode_step_s, 0.0) / prefill or 1e-6
+            self.chunk_steps.append((seconds, max(seconds - self.decode_step_s, 0.0) / prefill or 1e-6))
+            self.chunk_step_s = statistics.median(s for s, _ in self.chunk_steps)
+            self.prefill_token_s = statistics.median(t for _, t in self.chunk_steps)
         else:
-            self.decode_step_s = seconds
+            self.decode_steps.append(seconds)
+            self.decode_step_s = statistics.median(self.decode_steps)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -8,7 +8,7 @@ import pytest
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig
 from sut.sampling_params import SamplingParams
-from sut.scheduler import Scheduler
+from sut.scheduler import ScheduledBatch, Scheduler
 from sut.sequence import Sequence, SequenceStatus
 
 
@@ -175,6 +175,25 @@ def test_tpot_target_sizes_prefill_to_the_decodes_slack():
     _, tpot, chunks = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60))
     assert tpot <= 0.060 + 1e-9  # the fake clock is linear, so the prediction is exact
     assert sum(chunks) == 300 and min(chunks) < 63 and len(set(chunks)) > 2, chunks
+
+
+def test_one_slow_step_does_not_move_the_guards_cost_estimates():
+    """The step costs the TPOT guard predicts with are medians of the last RECENT_STEPS steps of
+    each kind: one step 20 times slower than the others (the process paused) leaves them where
+    they were, where the last step alone would make the guard wait for a decode to bank 20 chunks'
+    worth of slack before the next chunk, and cut it to a twentieth."""
+    sched = Scheduler(EngineConfig(**SETTINGS, tpot_target_ms=60), BlockManager(num_blocks=16, block_size=4))
+    decode, chunk = ScheduledBatch(num_new_tokens=[1, 1]), ScheduledBatch(num_new_tokens=[1, 1, 100])
+    for _ in range(4):
+        sched.record_step(decode, 0.030)
+        sched.record_step(chunk, 0.230)
+    normal = (sched.decode_step_s, sched.chunk_step_s, sched.prefill_token_s)
+    assert normal == pytest.approx((0.030, 0.230, 0.002))
+    sched.record_step(decode, 0.600)
+    sched.record_step(chunk, 4.600)
+    assert (sched.decode_step_s, sched.chunk_step_s, sched.prefill_token_s) == pytest.approx(normal)
+    sched.record_step(chunk, 0.230)
+    assert sched.chunk_step_s == pytest.approx(0.230)
 
 
 def test_a_prompt_past_its_patience_raises_the_tpot_bound_to_the_cap():
