@@ -64,7 +64,9 @@ class CpuDecoder:
 
     @staticmethod
     def applies(model: nn.Module) -> bool:
-        return all(isinstance(linear, BlockQuantLinear) and linear.bias is None
+        """Every layer's linears compute from their blocks, without biases, at one row or more (at
+        some levels the exact Q4_1 kernel is slower than oneDNN at any size: cpu_quant.py)."""
+        return all(isinstance(linear, BlockQuantLinear) and linear.bias is None and linear.block_rows > 0
                    for layer in model.model.layers for linear in _linears(layer))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:

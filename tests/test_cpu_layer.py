@@ -12,7 +12,7 @@ from sut.cpu_build import library
 from sut.cpu_layer import CpuDecoder
 from sut.cpu_ops import cpu_ops
 from sut.loader import GGUF_BLOCKS_FILE
-from sut.cpu_quant import write_gguf_blocks
+from sut.cpu_quant import BLOCK_ROWS_MAX, INT16_ROWS_MAX, write_gguf_blocks
 
 from conftest import LEVELS, TINY_CONFIG, hf_greedy, random_prompts
 from test_cpu_quant import blockify
@@ -50,12 +50,13 @@ def step_metadata(query_lens, seq_lens, block_size):
 def test_decoder_matches_the_models_path(blocks_folder, level, int16, seq_lens):
     runner = LLM(blocks_folder[0], dtype="float32", num_kv_blocks=64, int16_activations=int16).engine.runner
     model, lib = runner.model, library(level)
-    assert runner.cpu_decoder is not None
-    decoder = CpuDecoder(model, lib)
     model.ops = cpu_ops(lib)
-    for layer in model.model.layers:  # the model's path on the same level's kernels
+    for layer in model.model.layers:  # the model's path on the same level's kernels, the blocks' at any batch here
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             linear.lib = lib
+            linear.int16_rows, linear.exact_rows = (64, 0) if int16 else (0, 64)
+            linear.block_rows = 64
+    decoder = CpuDecoder(model, lib)
     g = torch.Generator().manual_seed(sum(seq_lens))
     n = len(seq_lens)
     ids = torch.randint(3, model.config.vocab_size, (n,), generator=g)
@@ -71,12 +72,28 @@ def test_decoder_matches_the_models_path(blocks_folder, level, int16, seq_lens):
     assert decoder.forward(ids[:2], positions[:2], step_metadata([1, 2], [5, 2], runner.block_size)) is None
 
 
-def test_engine_decodes_in_one_call_within_the_row_limit(blocks_folder, monkeypatch):
-    """Greedy output matches transformers; the decoder runs the decode steps of a batch within its
-    row limit, and the model's path every prefill step and every decode step above the limit."""
+@pytest.mark.parametrize("int16", [False, True])
+def test_engine_decodes_in_one_call_within_the_row_limit(blocks_folder, monkeypatch, int16):
+    """Greedy output matches transformers' (with int16 inputs: the model's own path's); the decoder
+    runs the decode steps of a batch within its row limit, and the model's path every prefill step
+    and every decode step above the limit. At a level whose kernel for these layers never beats
+    oneDNN there is no decoder."""
     folder, model = blocks_folder
-    llm = LLM(folder, dtype="float32", num_kv_blocks=64)
+    llm = LLM(folder, dtype="float32", num_kv_blocks=64, int16_activations=int16)
     decoder = llm.engine.runner.cpu_decoder
+    if int16:
+        plain = LLM(folder, dtype="float32", num_kv_blocks=64, int16_activations=True)
+        plain.engine.runner.cpu_decoder = None
+        expected = lambda batch: [o.token_ids for o in plain.generate(batch, SamplingParams(max_tokens=6))]
+    else:
+        expected = lambda batch: [hf_greedy(model, p, 6) for p in batch]
+    limit = (INT16_ROWS_MAX if int16 else BLOCK_ROWS_MAX)[library().level]["Q4_1"]
+    if limit == 0:
+        assert decoder is None
+        prompts = random_prompts([3, 5, 2])
+        assert [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=6))] == expected(prompts)
+        return
+    assert decoder.max_rows == limit
     calls = []
     forward = decoder.forward
     monkeypatch.setattr(decoder, "forward", lambda ids, *a: calls.append((len(ids), forward(ids, *a) is not None))
@@ -84,7 +101,7 @@ def test_engine_decodes_in_one_call_within_the_row_limit(blocks_folder, monkeypa
     prompts = random_prompts([3, 5, 2, 7] * ((decoder.max_rows + 4) // 4))[:decoder.max_rows + 1]
     for batch in (prompts[:1], prompts):
         outputs = llm.generate(batch, SamplingParams(max_tokens=6))
-        assert [o.token_ids for o in outputs] == [hf_greedy(model, p, 6) for p in batch]
+        assert [o.token_ids for o in outputs] == expected(batch)
     taken = {n for n, used in calls if used}
     assert 1 in taken and max(taken) <= decoder.max_rows
     assert (decoder.max_rows + 1, False) in calls
