@@ -155,11 +155,14 @@ class BlockQuantLinear(nn.Module):
         self.lib = lib or library()
         self.int16_rows = INT16_ROWS_MAX[self.lib.level][blocks.format] if int16 else 0
         self.exact_rows = BLOCK_ROWS_MAX[self.lib.level][blocks.format]
-        self.block_rows = self.int16_rows if int16 else self.exact_rows
         # Dense weights that are never read are dropped (and the runner does not pack them).
         self.dense = None if max(self.int16_rows, self.exact_rows) >= 1 << 30 else dense
         if int16:
             blocks.int16_layout()  # built at load, not in the first step
+
+    @property
+    def block_rows(self) -> int:
+        return self.int16_rows if self.int16 else self.exact_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])

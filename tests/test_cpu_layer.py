@@ -55,7 +55,6 @@ def test_decoder_matches_the_models_path(blocks_folder, level, int16, seq_lens):
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             linear.lib = lib
             linear.int16_rows, linear.exact_rows = (64, 0) if int16 else (0, 64)
-            linear.block_rows = 64
     decoder = CpuDecoder(model, lib)
     g = torch.Generator().manual_seed(sum(seq_lens))
     n = len(seq_lens)
