@@ -82,7 +82,9 @@ def machine_description() -> str:
                  platform.processor() or platform.machine())
     lib = library()
     kernels = f"C kernels at the {lib.level} level" if lib is not None else "no C kernels (PyTorch ops only)"
-    return f"{model}, {os.cpu_count()} cores ({platform.machine()}); {kernels} (this CPU runs {runnable_levels()})"
+    onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    held = f", oneDNN held to {onednn}" if onednn else ""
+    return f"{model}, {os.cpu_count()} cores ({platform.machine()}); {kernels}{held} (this CPU runs {runnable_levels()})"
 
 
 def _cpuinfo_lines() -> list[str]:
