@@ -12,6 +12,7 @@ from accuracy.accuracy_log import read_accuracy_entries, read_accuracy_log
 from compliance import test06
 from compliance.loadgen_logs import read_detail_log
 from harness.loadgen_sut import EngineSUT, construct_qsl
+from harness.run import validity
 from sut import LLM, LLMEngine, SamplingParams
 from tests.conftest import random_prompts
 
@@ -168,3 +169,16 @@ def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tin
         assert all(s["data"] == [2] for s in samples)
         assert errors and all(e == "error_runtime: Number of tokens need to be greater than 1" for e in errors)
         assert values["result_time_to_output_token_min"] < 0
+
+
+def test_a_run_too_short_for_early_stopping_is_invalid_and_test06_says_it_is_that_alone(tiny_llama, prompts, tmp_path):
+    """TEST06's audit.config asks for 100 queries; LoadGen's early stopping at p99 needs ~460, so
+    every Server TEST06 run is INVALID by it alone, which the harness's verdict line says."""
+    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
+                           server_target_qps=100, min_duration_ms=0, min_query_count=NUM_SAMPLES,
+                           ttft_latency=2_000_000_000, tpot_latency=500_000_000)
+    values, _ = read_detail_log(tmp_path / "mlperf_log_detail.txt")
+    assert values["result_validity"] == "INVALID" and values["early_stopping_met"] is False
+    assert validity(values, "performance") == "INVALID"
+    assert validity(values, "TEST06").startswith("INVALID by early stopping alone")
+    assert validity({**values, "result_perf_constraints_met": False}, "TEST06") == "INVALID"
