@@ -102,11 +102,11 @@ def run(cfg: RunConfig) -> str:
 
 
 def validity(detail: dict, mode: str) -> str:
-    """LoadGen's verdict, saying so where a TEST06 run fails early stopping alone: the audit's 100
-    queries are too few for it at p99 (it needs ~460), and TEST06 checks the responses
+    """LoadGen's verdict, saying so where a TEST06 run fails early stopping alone: the audit's
+    queries (100) are too few for it at p99 (it needs ~460), and TEST06 checks the responses
     (compliance/test06.py), not this verdict, as the official checker does."""
     verdict = detail.get("result_validity", "INVALID")
     met = ("result_perf_constraints_met", "result_min_duration_met", "result_min_queries_met")
     if mode == "TEST06" and verdict == "INVALID" and not detail.get("early_stopping_met") and all(map(detail.get, met)):
-        return "INVALID by early stopping alone (100 queries; not a TEST06 criterion)"
+        return f"INVALID by early stopping alone ({detail.get('result_query_count')} queries; not a TEST06 criterion)"
     return verdict
