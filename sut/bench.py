@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from sut.errors import CheckpointError, run_cli
+
 # Fixed and sorted, so the prompts depend only on the Python version. Pure-Python modules that
 # import without side effects and are not deprecated; short ones are skipped in build_prompts.
 STDLIB_MODULES = sorted("""
@@ -138,12 +140,12 @@ def main():
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
     torch.set_num_threads(len(cores))
 
-    from transformers import AutoTokenizer
-    prompts = build_prompts(AutoTokenizer.from_pretrained(args.model), args.num_prompts)
-    lens = [len(p) for p in prompts]
-
     from sut import LLM, SamplingParams
     llm = LLM(args.model, dtype=args.dtype, gguf_blocks=not args.no_gguf_blocks, int16_activations=args.int16)
+    if llm.tokenizer is None:
+        raise CheckpointError(f"{args.model}: the model folder has no tokenizer (the prompts are text)")
+    prompts = build_prompts(llm.tokenizer, args.num_prompts)
+    lens = [len(p) for p in prompts]
     t0 = time.perf_counter()
     ours = [list(o.token_ids) for o in llm.generate(
         prompts, SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens), use_tqdm=True)]
@@ -191,4 +193,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -44,13 +44,12 @@ class BlockManager:
         total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
         return max(0, total - len(seq.block_table))
 
-    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
-        return self.blocks_needed(seq, num_new_tokens) <= self.num_free_blocks
-
-    def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Give `seq` the blocks to hold `num_new_tokens` more tokens."""
+    def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        """Give `seq` the blocks to hold `num_new_tokens` more tokens; False, changing nothing, when
+        too few are free."""
         needed = self.blocks_needed(seq, num_new_tokens)
-        assert needed <= self.num_free_blocks, "allocate() without can_allocate()"
+        if needed > len(self.free_block_ids):
+            return False
         for _ in range(needed):
             block_id, _ = self.free_block_ids.popitem(last=False)
             block = self.blocks[block_id]
@@ -61,6 +60,7 @@ class BlockManager:
                 block.hash, block.token_ids = None, ()
             block.ref_count = 1
             seq.block_table.append(block_id)
+        return True
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s blocks; shared ones stay while others hold them. Tail blocks go last in
@@ -75,7 +75,8 @@ class BlockManager:
         seq.block_hashes = []
 
     def match_prefix(self, seq: Sequence) -> int:
-        """Attach cached blocks holding a prefix of a new sequence; return how many tokens they hold."""
+        """Attach cached blocks holding a prefix of a new sequence; return how many tokens they hold
+        (the scheduler counts them as computed)."""
         assert not seq.block_table and seq.num_computed_tokens == 0
         if not self.enable_prefix_caching:
             return 0
@@ -95,9 +96,8 @@ class BlockManager:
             seq.block_table.append(block_id)
             hashes.append(parent)
         seq.block_hashes = hashes
-        seq.num_computed_tokens = len(hashes) * size
-        self.num_prefix_hit_tokens += seq.num_computed_tokens
-        return seq.num_computed_tokens
+        self.num_prefix_hit_tokens += len(hashes) * size
+        return len(hashes) * size
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
         """Hash the blocks of `seq` that became full and computed, so later requests can share them."""

@@ -1,5 +1,5 @@
 """The online engine: requests come in with `add_request` (from any thread), `step` runs one
-iteration (schedule, forward, sample) and returns the requests that finished in it.
+iteration (schedule, prepare, execute, sample, update) and returns the requests that finished in it.
 
 A bad request is refused in `add_request` with an InvalidRequestError; a request whose token
 callback raises is finished alone with an error; neither disturbs the others.
@@ -58,7 +58,7 @@ class LLMEngine:
         self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.block_manager)
+        self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
         self._lock = threading.Lock()
         self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
@@ -117,7 +117,21 @@ class LLMEngine:
     # ---- the step loop --------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        finished: list[Sequence] = []
+        finished = self._take_inbox()
+        start = time.perf_counter()
+        batch = self.scheduler.schedule(start)
+        if batch:
+            step_input = self.runner.prepare(batch)
+            logits = self.runner.execute(step_input)
+            sampled = sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)
+            now = time.perf_counter()
+            self.scheduler.record_step(batch, now - start)
+            finished += self.scheduler.update_from_output(batch, sampled, now)
+        return [self._output(seq) for seq in self._forget(finished)]
+
+    def _take_inbox(self) -> list[Sequence]:
+        """Hand new requests to the scheduler and abort the ones asked; return those aborted."""
+        aborted: list[Sequence] = []
         with self._lock:
             inbox, self._inbox = self._inbox, []
         for kind, item in inbox:
@@ -126,22 +140,15 @@ class LLMEngine:
             else:
                 seq = self._live.get(item)
                 if seq is not None and not seq.is_finished:
-                    self._finish(seq, "abort", finished)
-        start = time.perf_counter()
-        batch = self.scheduler.schedule(start)
-        if batch:
-            logits, sample_seqs = self.runner.run(batch)
-            for seq, n in zip(batch.seqs, batch.num_new_tokens):
-                seq.num_computed_tokens += n
-                self.block_manager.cache_computed_blocks(seq)
-            tokens = sample(logits, sample_seqs, self.eos_token_ids, self.default_generator) if sample_seqs else []
-            now = time.perf_counter()
-            self.scheduler.record_step(batch, now - start)
-            for seq, token in zip(sample_seqs, tokens):
-                if seq.first_token_time is None:
-                    seq.first_token_time = now
-                self._append_token(seq, token, finished)
-        return [self._output(seq) for seq in finished]
+                    self.scheduler.finish(seq, "abort")
+                    aborted.append(seq)
+        return aborted
+
+    def _forget(self, finished: list[Sequence]) -> list[Sequence]:
+        with self._lock:
+            for seq in finished:
+                self._live.pop(seq.request_id, None)
+        return finished
 
     def fail_all(self, error: str) -> list[RequestOutput]:
         """Finish every unfinished request with `error` (after a step raised): callers get an
@@ -154,29 +161,9 @@ class LLMEngine:
                 self.scheduler.add(item)
         for seq in self.scheduler.running + list(self.scheduler.waiting):
             seq.error = error
-            self._finish(seq, "error", finished)
-        return [self._output(seq) for seq in finished]
-
-    def _append_token(self, seq: Sequence, token: int, finished: list[Sequence]) -> None:
-        seq.output_token_ids.append(token)
-        if seq.on_token is not None:
-            try:
-                seq.on_token(token)
-            except Exception as e:  # the callback's failure ends its own request only
-                seq.error = f"on_token callback raised {e!r}"
-                self._finish(seq, "error", finished)
-                return
-        p = seq.params
-        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-            self._finish(seq, "stop", finished)
-        elif len(seq.output_token_ids) >= seq.max_tokens:
-            self._finish(seq, "length", finished)
-
-    def _finish(self, seq: Sequence, reason: str, finished: list[Sequence]) -> None:
-        self.scheduler.finish(seq, reason)
-        finished.append(seq)
-        with self._lock:
-            self._live.pop(seq.request_id, None)
+            self.scheduler.finish(seq, "error")
+            finished.append(seq)
+        return [self._output(seq) for seq in self._forget(finished)]
 
     def _output(self, seq: Sequence) -> RequestOutput:
         text = None

@@ -1,4 +1,7 @@
-"""The engine's error types: each names what was wrong."""
+"""The engine's error types: each names what was wrong; and how a command-line tool reports them."""
+
+import sys
+from collections.abc import Callable
 
 
 class SaafError(Exception):
@@ -19,3 +22,13 @@ class UnsupportedModelError(ConfigError):
 
 class CheckpointError(SaafError):
     """A model folder with missing, truncated or mismatched weight files."""
+
+
+def run_cli(main: Callable[[], object], errors: tuple[type[BaseException], ...] = (SaafError,)) -> None:
+    """Run a command-line entry point: an error of `errors` (a user's mistake: a bad setting, a
+    missing file) ends it with `error: <message>` on stderr and exit status 2, not a traceback."""
+    try:
+        main()
+    except errors as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)

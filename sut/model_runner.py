@@ -1,10 +1,12 @@
-"""Runs the model on a scheduled batch: owns the weights and the KV-cache pool, turns the batch
-into flat input tensors (token ids, positions, slot mapping, block tables) and returns the
-logits of the sequences that sample a token this step."""
+"""Runs the model on a scheduled batch: owns the weights and the KV-cache pool; `prepare` turns the
+batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
+`execute` runs the forward on it and returns the logits of the rows the batch wants."""
 
 import ctypes
 import sys
+from itertools import chain
 
+import numpy as np
 import torch
 
 from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
@@ -18,7 +20,7 @@ from sut.cpu_quant import attach_gguf_blocks
 from sut.errors import ConfigError
 from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
-from sut.sequence import Sequence
+from sut.step_input import StepInput
 
 CPU_KV_CACHE_GB = 2.0
 
@@ -90,39 +92,59 @@ class ModelRunner:
             budget = CPU_KV_CACHE_GB * 2**30
         return max(0, int(budget // self.bytes_per_block))
 
-    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, list[Sequence]]:
-        """Forward the batch; return logits `[k, vocab]` (fp32) for the k sequences that reach their
-        last token this step, and those sequences."""
-        input_ids, positions, slots, seq_lens, query_lens, sample_rows, sample_seqs = [], [], [], [], [], [], []
-        bs = self.block_size
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            start, end = seq.num_computed_tokens, seq.num_computed_tokens + n
-            input_ids += seq.token_slice(start, end)
-            positions += range(start, end)
-            table = seq.block_table
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
-            query_lens.append(n)
-            seq_lens.append(end)
-            if end == seq.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
-                sample_seqs.append(seq)
-        max_blocks = max(len(seq.block_table) for seq in batch.seqs)
-        block_tables = [seq.block_table + [0] * (max_blocks - len(seq.block_table)) for seq in batch.seqs]
-        cu_seqlens = [0]
-        for n in query_lens:
-            cu_seqlens.append(cu_seqlens[-1] + n)
-
-        def tensor(values, dtype=torch.int32):
-            return torch.tensor(values, dtype=dtype).to(self.device, non_blocking=True)
-
-        meta = AttentionMetadata(
-            slot_mapping=tensor(slots, torch.int64), block_tables=tensor(block_tables), cu_seqlens_q=tensor(cu_seqlens),
-            seq_lens=tensor(seq_lens), query_lens_host=query_lens, seq_lens_host=seq_lens,
+    def prepare(self, batch: ScheduledBatch) -> StepInput:
+        """The step input of `batch`, built with array operations (one pass over the sequences to
+        read their state, none over tokens)."""
+        seqs, bs = batch.seqs, self.block_size
+        num_seqs = len(seqs)
+        query_lens = np.array(batch.num_new_tokens, dtype=np.int64)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, num_seqs)
+        seq_lens = starts + query_lens
+        cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=cu_seqlens[1:])
+        num_tokens = int(cu_seqlens[-1])
+        input_ids = np.fromiter(chain.from_iterable(s.token_slice(a, b) for s, a, b in zip(seqs, starts.tolist(),
+                                                                                           seq_lens.tolist())),
+                                np.int64, num_tokens)
+        token_seq = np.repeat(np.arange(num_seqs), query_lens)  # the sequence of each token row
+        positions = np.arange(num_tokens) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
+        table_lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, num_seqs)
+        block_tables = np.zeros((num_seqs, int(table_lens.max())), dtype=np.int32)
+        table_starts = np.cumsum(table_lens) - table_lens
+        block_tables[np.repeat(np.arange(num_seqs), table_lens),
+                     np.arange(int(table_lens.sum())) - np.repeat(table_starts, table_lens)] = np.fromiter(
+            chain.from_iterable(s.block_table for s in seqs), np.int32, int(table_lens.sum()))
+        slots = block_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
+        # Each sequence's wanted rows are its last num_logits tokens.
+        num_logits = np.array(batch.num_logits, dtype=np.int64)
+        first_rows = np.repeat(cu_seqlens[1:] - num_logits, num_logits)
+        logits_indices = first_rows + np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits,
+                                                                                     num_logits)
+        return StepInput(
+            input_ids=self._to_device(input_ids), positions=self._to_device(positions),
+            slot_mapping=self._to_device(slots), block_tables=self._to_device(block_tables),
+            cu_seqlens_q=self._to_device(cu_seqlens.astype(np.int32)),
+            seq_lens=self._to_device(seq_lens.astype(np.int32)), logits_indices=self._to_device(logits_indices),
+            query_lens_host=batch.num_new_tokens, seq_lens_host=seq_lens.tolist(),
         )
-        ids, positions = tensor(input_ids, torch.int64), tensor(positions, torch.int64)
-        hidden = self.cpu_decoder and self.cpu_decoder.forward(ids, positions, meta)
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return tensor
+        # Through pinned memory (torch's caching host allocator keeps it until the copy is done),
+        # so the copy does not wait for the device.
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
+        meta = AttentionMetadata(
+            slot_mapping=step.slot_mapping, block_tables=step.block_tables, cu_seqlens_q=step.cu_seqlens_q,
+            seq_lens=step.seq_lens, query_lens_host=step.query_lens_host, seq_lens_host=step.seq_lens_host,
+        )
+        hidden = self.cpu_decoder and self.cpu_decoder.forward(step.input_ids, step.positions, meta)
         if hidden is None:
-            hidden = self.model(ids, positions, meta)
-        if not sample_rows:
-            return hidden.new_empty(0, 0, dtype=torch.float32), []
-        return self.model.compute_logits(hidden[tensor(sample_rows, torch.int64)]), sample_seqs
+            hidden = self.model(step.input_ids, step.positions, meta)
+        if step.logits_indices.shape[0] == 0:
+            return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
+        return self.model.compute_logits(hidden[step.logits_indices])

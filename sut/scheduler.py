@@ -1,4 +1,5 @@
-"""Iteration-level scheduling: every step mixes decodes and prefill chunks under a token budget.
+"""Iteration-level scheduling: every step mixes decodes and prefill chunks under a token budget,
+and the scheduler alone moves sequences along (`update_from_output` after each step).
 
 Each running sequence wants its uncomputed tokens computed: one for a decode, the rest of the
 prompt for a prefill (cut to the budget, so long prompts go in chunks). Decodes go first, then
@@ -34,15 +35,25 @@ RECENT_STEPS = 5
 
 @dataclass
 class ScheduledBatch:
+    """One step's work: per sequence, the tokens it computes, whether they are prefill, and how many
+    rows of logits it wants (1 where its chunk reaches its last token and it samples, else 0)."""
+
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
+    is_prefill: list[bool] = field(default_factory=list)
+    num_logits: list[int] = field(default_factory=list)
 
     def __len__(self):
         return len(self.seqs)
 
+    @property
+    def sampling_seqs(self) -> list[Sequence]:
+        return [seq for seq, k in zip(self.seqs, self.num_logits) if k]
+
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, block_manager: BlockManager):
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, eos_token_ids: tuple[int, ...] = ()):
+        self.eos_token_ids = frozenset(eos_token_ids)
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
         self.tpot_target_s = None if config.tpot_target_ms is None else config.tpot_target_ms / 1000
@@ -73,14 +84,14 @@ class Scheduler:
         scheduled: dict[Sequence, int] = {}
         preempted = False
         prefill_left = self._prefill_budget(now)
-        for seq in sorted(self.running, key=lambda s: s.num_uncomputed_tokens > 1):  # decodes first
-            prefill = seq.num_uncomputed_tokens > 1
+        for seq in sorted(self.running, key=lambda s: s.is_prefill):  # decodes first
+            prefill = seq.is_prefill
             if budget == 0 or (prefill and prefill_left == 0):
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(seq.num_uncomputed_tokens, budget, prefill_left if prefill else 1)
-            while not self.block_manager.can_allocate(seq, n):
+            n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1
+            while not self.block_manager.allocate(seq, n):
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
                 self.preempt(victim)
@@ -88,19 +99,17 @@ class Scheduler:
                 if victim is seq:
                     break
             if seq.status == SequenceStatus.RUNNING:
-                self.block_manager.allocate(seq, n)
                 scheduled[seq] = n
                 budget -= n
                 prefill_left -= n if prefill else 0
         # Admit waiting requests only when nothing was preempted: there is room to spare.
         while not preempted and prefill_left > 0 and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            self.block_manager.match_prefix(seq)
+            seq.num_computed_tokens = self.block_manager.match_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget, prefill_left)
-            if not self.block_manager.can_allocate(seq, n):
+            if not self.block_manager.allocate(seq, n):
                 self._release(seq)
                 break
-            self.block_manager.allocate(seq, n)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
@@ -108,7 +117,46 @@ class Scheduler:
             budget -= n
             prefill_left -= n
         self._track_peak(scheduled)
-        return ScheduledBatch(list(scheduled), list(scheduled.values()))
+        seqs = list(scheduled)
+        return ScheduledBatch(seqs, list(scheduled.values()), [s.is_prefill for s in seqs],
+                              [int(s.num_computed_tokens + n == s.num_tokens) for s, n in scheduled.items()])
+
+    def update_from_output(self, batch: ScheduledBatch, sampled: list[int], now: float) -> list[Sequence]:
+        """After the step's forward: advance each sequence's computed tokens, cache its full blocks,
+        append the sampled tokens (`sampled`: one per sequence with logits, in batch order), call
+        their `on_token` and apply the stop rules; return the sequences that finished."""
+        finished: list[Sequence] = []
+        tokens = iter(sampled)
+        cache_blocks = self.block_manager.enable_prefix_caching
+        for seq, n, k, prefill in zip(batch.seqs, batch.num_new_tokens, batch.num_logits, batch.is_prefill):
+            seq.num_computed_tokens += n
+            if cache_blocks:
+                self.block_manager.cache_computed_blocks(seq)
+            if prefill and k:  # its last prompt (or recomputed) token: it decodes from now on
+                seq.is_prefill = False
+            if k:
+                self._append_token(seq, next(tokens), now, finished)
+        return finished
+
+    def _append_token(self, seq: Sequence, token: int, now: float, finished: list[Sequence]) -> None:
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+        seq.output_token_ids.append(token)
+        if seq.on_token is not None:
+            try:
+                seq.on_token(token)
+            except Exception as e:  # the callback's failure ends its own request only
+                seq.error = f"on_token callback raised {e!r}"
+                self.finish(seq, "error")
+                finished.append(seq)
+                return
+        p = seq.params
+        if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
+            self.finish(seq, "stop")
+            finished.append(seq)
+        elif len(seq.output_token_ids) >= seq.max_tokens:
+            self.finish(seq, "length")
+            finished.append(seq)
 
     def _prefill_budget(self, now: float) -> int:
         """How many prefill tokens this step may carry without pushing a decoding sequence's time
@@ -118,7 +166,7 @@ class Scheduler:
             return unlimited
         bound = self.tpot_cap_s if self._prompt_waited_patience(now) else self.tpot_target_s
         slack = min((bound * len(s.output_token_ids) - (now - s.first_token_time) for s in self.running
-                     if s.first_token_time is not None and s.num_uncomputed_tokens == 1), default=None)
+                     if s.first_token_time is not None and not s.is_prefill), default=None)
         if slack is None:
             return unlimited
         if slack < self.chunk_step_s:  # no chunk smaller than recent ones: small chunks cost more per token
@@ -133,7 +181,7 @@ class Scheduler:
 
     def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """Called by the engine after each step with its duration."""
-        prefill = sum(n for n in batch.num_new_tokens if n > 1)
+        prefill = sum(n for n, is_prefill in zip(batch.num_new_tokens, batch.is_prefill) if is_prefill)
         if prefill:
             self.chunk_steps.append((seconds, max(seconds - self.decode_step_s, 0.0) / prefill or 1e-6))
             self.chunk_step_s = statistics.median(s for s, _ in self.chunk_steps)
@@ -162,6 +210,7 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.is_prefill = True
 
     def _track_peak(self, scheduled: dict[Sequence, int]) -> None:
         used = self.block_manager.num_blocks - self.block_manager.num_free_blocks

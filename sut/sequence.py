@@ -1,4 +1,8 @@
-"""A request's life in the engine: its tokens, how many of them are in the KV cache, its blocks."""
+"""A request's life in the engine: its tokens, how many of them are in the KV cache, its blocks.
+
+The scheduler alone changes this state (sut/scheduler.py): it admits, preempts and finishes, and
+after each step `update_from_output` advances the computed tokens and appends the sampled ones.
+"""
 
 import time
 from collections.abc import Callable
@@ -34,6 +38,9 @@ class Sequence:
         self.generator = generator
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        # Prefilling: computing the tokens it has (the prompt, or after a preemption the prompt and
+        # what it produced) before it samples; then decoding, one new token per step.
+        self.is_prefill = True
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
         self.num_preemptions = 0
@@ -51,7 +58,9 @@ class Sequence:
         n_prompt = len(self.prompt_token_ids)
         if start >= n_prompt:
             return self.output_token_ids[start - n_prompt:end - n_prompt]
-        return self.token_ids[start:end]
+        if end <= n_prompt:
+            return self.prompt_token_ids[start:end]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n_prompt]
 
     @property
     def num_tokens(self) -> int:

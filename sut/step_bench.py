@@ -28,6 +28,7 @@ import torch
 
 import sut.engine
 from sut import LLMEngine, SamplingParams
+from sut.errors import run_cli
 
 PROMPT = list(range(100, 300))  # 200 ordinary token ids
 EXTRA_TOKENS = 256  # --overhead: room for each sequence's generated tokens
@@ -197,4 +198,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -2,13 +2,18 @@
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from sut import (LLM, CheckpointError, ConfigError, InvalidRequestError, LLMEngine, SamplingParams,
                  UnsupportedModelError)
 from tests.conftest import random_prompts
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -227,3 +232,19 @@ def test_requests_from_another_thread(tiny_llama):
     assert sorted(outputs) == list(range(len(prompts)))
     for i, ref in enumerate(reference):
         assert outputs[i].token_ids == ref.token_ids == seen[i]
+
+
+@pytest.mark.parametrize("command", [
+    ["sut.bench", "--model", "MISSING", "--skip-hf"],
+    ["sut.step_bench", "--model", "MISSING"],
+    ["sut.step_bench", "--model", "TINY", "--int16", "--no-gguf-blocks"],
+])
+def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
+    """A missing model folder or a setting the engine refuses: one `error:` line naming it, exit 2."""
+    args = [str(tmp_path / "nope") if a == "MISSING" else str(tiny_llama[0]) if a == "TINY" else a for a in command]
+    done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    want = "model folder does not exist" if "MISSING" in command else "int16_activations needs gguf_blocks"
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and want in last, done.stderr

@@ -113,16 +113,20 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
         batch = sched.schedule()
         assert sum(batch.num_new_tokens) <= config.max_num_batched_tokens
         assert len(sched.running) <= config.max_num_seqs
-        for s, n in zip(batch.seqs, batch.num_new_tokens):
+        for s, n, prefill, k in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill, batch.num_logits):
             assert s.status == SequenceStatus.RUNNING
             assert len(s.block_table) * 4 >= s.num_computed_tokens + n
-            compute(s, n, bm)
-            if s.num_computed_tokens == s.num_tokens:
-                s.output_token_ids.append(rng.randrange(1000))
-                if len(s.output_token_ids) >= s.max_tokens:
-                    sched.finish(s, "length")
-                    live.remove(s)
-                    finished += 1
+            assert prefill == s.is_prefill
+            assert prefill or (n == 1 and s.num_computed_tokens == s.num_tokens - 1), "a decode computes its last token"
+            assert k == (s.num_computed_tokens + n == s.num_tokens)
+        # The real update after a fake forward: one random token per sequence that samples.
+        lengths = {s: len(s.output_token_ids) for s in batch.sampling_seqs}
+        for s in sched.update_from_output(batch, [rng.randrange(1000) for _ in batch.sampling_seqs], 0.0):
+            assert s.finish_reason == "length" and len(s.output_token_ids) == s.max_tokens
+            live.remove(s)
+            finished += 1
+        assert all(len(s.output_token_ids) == n + 1 for s, n in lengths.items())
+        assert all(s.num_computed_tokens == s.num_tokens - 1 for s in batch.sampling_seqs if not s.is_finished)
         bm.check_invariants(live)
         if next_id >= 40 and not sched.has_unfinished():
             break
@@ -137,7 +141,8 @@ def _run_fake_clock(config: EngineConfig) -> tuple[float, float, list[int]]:
     2 ms per prefill token): the prompt's time to first token, the decode's worst TPOT, and the
     prompt's chunk sizes."""
     sched = Scheduler(config, BlockManager(num_blocks=256, block_size=4, enable_prefix_caching=False))
-    first, second = seq(list(range(6)), request_id=0, max_tokens=80), seq(list(range(300)), request_id=1, max_tokens=5)
+    # max_tokens past the run's 120 steps: neither finishes
+    first, second = seq(list(range(6)), request_id=0, max_tokens=200), seq(list(range(300)), request_id=1, max_tokens=200)
     first.arrival_time = 0.0
     sched.add(first)
     clock, worst_tpot, chunks = 0.0, 0.0, []
@@ -146,17 +151,12 @@ def _run_fake_clock(config: EngineConfig) -> tuple[float, float, list[int]]:
             second.arrival_time = clock
             sched.add(second)
         batch = sched.schedule(clock)
-        prefill = sum(n for n in batch.num_new_tokens if n > 1)
-        chunks += [n for s, n in zip(batch.seqs, batch.num_new_tokens) if s is second and n > 1]
+        prefill = sum(n for n, p in zip(batch.num_new_tokens, batch.is_prefill) if p)
+        chunks += [n for s, n, p in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill) if s is second and p]
         seconds = 0.030 + 0.002 * prefill
         clock += seconds
         sched.record_step(batch, seconds)
-        for s, n in zip(batch.seqs, batch.num_new_tokens):
-            compute(s, n, bm=sched.block_manager)
-            if s.num_computed_tokens == s.num_tokens:
-                s.output_token_ids.append(7)
-                if s.first_token_time is None:
-                    s.first_token_time = clock
+        sched.update_from_output(batch, [7] * len(batch.sampling_seqs), clock)
         if len(first.output_token_ids) > 1:
             worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
     assert second.num_computed_tokens >= 300, "the second prompt was starved"
@@ -183,7 +183,8 @@ def test_one_slow_step_does_not_move_the_guards_cost_estimates():
     they were, where the last step alone would make the guard wait for a decode to bank 20 chunks'
     worth of slack before the next chunk, and cut it to a twentieth."""
     sched = Scheduler(EngineConfig(**SETTINGS, tpot_target_ms=60), BlockManager(num_blocks=16, block_size=4))
-    decode, chunk = ScheduledBatch(num_new_tokens=[1, 1]), ScheduledBatch(num_new_tokens=[1, 1, 100])
+    decode = ScheduledBatch(num_new_tokens=[1, 1], is_prefill=[False, False])
+    chunk = ScheduledBatch(num_new_tokens=[1, 1, 100], is_prefill=[False, False, True])
     for _ in range(4):
         sched.record_step(decode, 0.030)
         sched.record_step(chunk, 0.230)
