@@ -5,9 +5,15 @@ A block's hash covers its tokens and, through the previous block's hash, every t
 so equal hashes mean equal prefixes; the tokens are compared too, against hash collisions.
 Only full blocks whose K/V have been computed are hashed, and a sequence always computes at
 least its last token itself, so the logits it samples from exist.
+
+Each sequence that holds blocks also has a row of `block_tables`, an array kept up to date as
+blocks are added, so a step's block tables are one gather of rows instead of a copy of every
+sequence's list.
 """
 
 from collections import OrderedDict
+
+import numpy as np
 
 from sut.sequence import Sequence
 
@@ -31,6 +37,8 @@ class BlockManager:
         self.free_block_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self.hash_to_block_id: dict[int, int] = {}
         self.num_prefix_hit_tokens = 0  # tokens taken from the prefix cache instead of computed
+        self.block_tables = np.zeros((0, 0), dtype=np.int32)  # row seq.block_row: its block table, 0-padded
+        self.free_rows: list[int] = []
 
     @property
     def num_blocks(self) -> int:
@@ -59,8 +67,26 @@ class BlockManager:
                     del self.hash_to_block_id[block.hash]
                 block.hash, block.token_ids = None, ()
             block.ref_count = 1
-            seq.block_table.append(block_id)
+            self._append_block(seq, block_id)
         return True
+
+    def _append_block(self, seq: Sequence, block_id: int) -> None:
+        if seq.block_row is None:
+            if not self.free_rows:  # grow: double the rows
+                old = self.block_tables.shape[0]
+                self._resize(max(16, 2 * old), self.block_tables.shape[1])
+                self.free_rows = list(range(self.block_tables.shape[0] - 1, old - 1, -1))
+            seq.block_row = self.free_rows.pop()
+        index = len(seq.block_table)
+        if index >= self.block_tables.shape[1]:
+            self._resize(self.block_tables.shape[0], max(16, 2 * index))
+        self.block_tables[seq.block_row, index] = block_id
+        seq.block_table.append(block_id)
+
+    def _resize(self, rows: int, width: int) -> None:
+        grown = np.zeros((rows, width), dtype=np.int32)
+        grown[:self.block_tables.shape[0], :self.block_tables.shape[1]] = self.block_tables
+        self.block_tables = grown
 
     def free(self, seq: Sequence) -> None:
         """Drop `seq`'s blocks; shared ones stay while others hold them. Tail blocks go last in
@@ -71,6 +97,10 @@ class BlockManager:
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
+        if seq.block_row is not None:
+            self.block_tables[seq.block_row, :len(seq.block_table)] = 0
+            self.free_rows.append(seq.block_row)
+            seq.block_row = None
         seq.block_table = []
         seq.block_hashes = []
 
@@ -93,7 +123,7 @@ class BlockManager:
             if block.ref_count == 0:
                 del self.free_block_ids[block_id]
             block.ref_count += 1
-            seq.block_table.append(block_id)
+            self._append_block(seq, block_id)
             hashes.append(parent)
         seq.block_hashes = hashes
         self.num_prefix_hit_tokens += len(hashes) * size
@@ -118,8 +148,14 @@ class BlockManager:
         """Raise AssertionError unless every block is either free or held by exactly its ref count
         of live sequences (used by tests: no leak, no double free, shared counts right)."""
         holders = [0] * self.num_blocks
+        rows = [seq.block_row for seq in live_sequences if seq.block_table]
+        assert len(set(rows)) == len(rows) and not set(rows) & set(self.free_rows), "a block-table row is shared"
         for seq in live_sequences:
             assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} holds a block twice"
+            if seq.block_table:
+                row = self.block_tables[seq.block_row]
+                assert row[:len(seq.block_table)].tolist() == seq.block_table and not row[len(seq.block_table):].any(), (
+                    f"{seq}: its block-table row is not its block table")
             for block_id in seq.block_table:
                 holders[block_id] += 1
         for block in self.blocks:

@@ -108,12 +108,9 @@ class ModelRunner:
                                 np.int64, num_tokens)
         token_seq = np.repeat(np.arange(num_seqs), query_lens)  # the sequence of each token row
         positions = np.arange(num_tokens) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
-        table_lens = np.fromiter((len(s.block_table) for s in seqs), np.int64, num_seqs)
-        block_tables = np.zeros((num_seqs, int(table_lens.max())), dtype=np.int32)
-        table_starts = np.cumsum(table_lens) - table_lens
-        block_tables[np.repeat(np.arange(num_seqs), table_lens),
-                     np.arange(int(table_lens.sum())) - np.repeat(table_starts, table_lens)] = np.fromiter(
-            chain.from_iterable(s.block_table for s in seqs), np.int32, int(table_lens.sum()))
+        rows = np.fromiter((s.block_row for s in seqs), np.int64, num_seqs)
+        width = max(len(s.block_table) for s in seqs)
+        block_tables = batch.block_tables[rows, :width]
         slots = block_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
         # Each sequence's wanted rows are its last num_logits tokens.
         num_logits = np.array(batch.num_logits, dtype=np.int64)

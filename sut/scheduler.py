@@ -26,6 +26,8 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig
 from sut.sequence import Sequence, SequenceStatus
@@ -42,6 +44,7 @@ class ScheduledBatch:
     num_new_tokens: list[int] = field(default_factory=list)
     is_prefill: list[bool] = field(default_factory=list)
     num_logits: list[int] = field(default_factory=list)
+    block_tables: np.ndarray | None = None  # BlockManager.block_tables: row seq.block_row is seq's
 
     def __len__(self):
         return len(self.seqs)
@@ -91,7 +94,9 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1
-            while not self.block_manager.allocate(seq, n):
+            # (most decodes fit their new token in their last block: no call to the block manager)
+            fits = not prefill and seq.num_computed_tokens < len(seq.block_table) * self.block_manager.block_size
+            while not fits and not self.block_manager.allocate(seq, n):
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
                 self.preempt(victim)
@@ -117,9 +122,12 @@ class Scheduler:
             budget -= n
             prefill_left -= n
         self._track_peak(scheduled)
-        seqs = list(scheduled)
-        return ScheduledBatch(seqs, list(scheduled.values()), [s.is_prefill for s in seqs],
-                              [int(s.num_computed_tokens + n == s.num_tokens) for s, n in scheduled.items()])
+        is_prefill = [s.is_prefill for s in scheduled]
+        # A decode samples; a prefill chunk samples when it reaches the sequence's last token.
+        num_logits = [int(not p or s.num_computed_tokens + n == s.num_tokens)
+                      for (s, n), p in zip(scheduled.items(), is_prefill)]
+        return ScheduledBatch(list(scheduled), list(scheduled.values()), is_prefill, num_logits,
+                              self.block_manager.block_tables)
 
     def update_from_output(self, batch: ScheduledBatch, sampled: list[int], now: float) -> list[Sequence]:
         """After the step's forward: advance each sequence's computed tokens, cache its full blocks,

@@ -42,6 +42,7 @@ class Sequence:
         # what it produced) before it samples; then decoding, one new token per step.
         self.is_prefill = True
         self.block_table: list[int] = []
+        self.block_row: int | None = None  # its row of BlockManager.block_tables while it holds blocks
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
         self.num_preemptions = 0
         self.arrival_time = time.perf_counter()  # when it was added: its first token's wait starts here
