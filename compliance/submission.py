@@ -51,7 +51,7 @@ def run_step(command: list[str]) -> None:
         sys.stderr.flush()
         last = line.strip() or last
     if child.wait():
-        raise ChainError(f"`{' '.join(command[1:])}` failed: {reason or last or f'exit status {child.returncode}'}")
+        raise ChainError(f"`python {' '.join(command[1:])}` failed: {reason or last or f'exit status {child.returncode}'}")
 
 
 def predicted_minutes(user_conf: str, dataset_size: int) -> float:
@@ -89,6 +89,10 @@ def interactive_past_budget(committed_conf: str, dataset_size: int, server: dict
                         f"{limits_ms[1]:.0f} ms limits)")
 
 
+def _root_args(root: Path) -> list[str]:
+    return [] if root == REPO else ["--root", str(root)]
+
+
 def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: Path, start: float) -> list[str] | None:
     """Calibrate a latency scenario; return the `--user-conf` arguments for its runs, or None when
     it is left out (the reason printed and kept in its calibration.json)."""
@@ -107,7 +111,7 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
         print(f"submission: {benchmark} {reason}", flush=True)
         return None
     run_step([sys.executable, "-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark,
-              "--scenario", scenario, "--root", str(root)])
+              "--scenario", scenario, *_root_args(root)])
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
         overrun = past_budget((logs / "calibration" / "user.conf").read_text(),
@@ -143,7 +147,7 @@ def chain(system_name: str, benchmarks: list[str] | None, out: Path, root: Path)
                 print(f"submission: {system_name} {benchmark} {scenario} {mode} "
                       f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
                 run_step([sys.executable, "-m", "harness", "run", "--system", system_name, "--benchmark", benchmark,
-                          "--scenario", scenario, "--mode", mode, "--root", str(root), *user_conf])
+                          "--scenario", scenario, "--mode", mode, *_root_args(root), *user_conf])
     org, test06_failures = package(system_name, out, benchmarks, root)
     report = check_tree(out, demo=system.demo)
     for line in report.warnings:
