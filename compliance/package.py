@@ -194,7 +194,7 @@ def main() -> None:
     try:
         org, failures = package(args.system, args.out, args.benchmarks, args.root)
     except (PackagingError, SystemConfigError) as e:
-        sys.exit(f"error: {e}")
+        sys.exit(f"error: package: {e}")
     for failure in failures:
         print(failure)
     print(f"package: {org}")
