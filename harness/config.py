@@ -1,7 +1,8 @@
-"""What a run is made of: the benchmark (LoadGen model name, dataset, generation limits), the
-scenario, the system (model folder, dataset files, engine settings from systems/<system>.json),
-and the user.conf under measurements/<system>/<benchmark>/<Scenario>/, checked before LoadGen
-starts so a bad file fails with its line and key instead of being half-applied."""
+"""What a run is made of: the benchmark (its entry in systems/benchmarks.py), the scenario, the
+system (systems/<system>.json, read by systems/schema.py; its engine settings checked by the
+engine's own rules), and the user.conf under measurements/<system>/<benchmark>/<Scenario>/, all
+checked before LoadGen starts so a bad file fails with its line and key instead of being
+half-applied."""
 
 import hashlib
 import json
@@ -19,6 +20,7 @@ class HarnessConfigError(ValueError):
     pass
 
 
+# The registry's scenarios as LoadGen runs them.
 SCENARIOS = {
     "Offline": lg.TestScenario.Offline,
     "Server": lg.TestScenario.Server,

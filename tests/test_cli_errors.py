@@ -89,3 +89,9 @@ def test_a_system_file_that_is_not_json(root):
     (root / "systems" / "t.json").write_text("{")
     assert_one_error_line(run_cli("harness", "run", "--system", "t", "--root", root),
                           "t.json: needs a 'saaf_harness' object")
+
+
+def test_test06_missing_log(tmp_path):
+    done = run_cli("compliance.test06", "--logs", tmp_path / "none", "--out", tmp_path, "--scenario", "Offline",
+                   "--eos-id", "2")
+    assert_one_error_line(done, "none/mlperf_log_accuracy.json: accuracy log not found")
