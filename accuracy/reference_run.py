@@ -10,6 +10,7 @@ targets are 99% of these (gen_len within 90-110%), as for llama3.1-8b.
 import argparse
 import hashlib
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -30,9 +31,14 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from harness.dataset import load_cnn_eval
+    from accuracy.dataset import DatasetError, load_cnn_eval
 
-    data = load_cnn_eval(args.dataset)
+    if not (Path(args.model) / "config.json").is_file():
+        sys.exit(f"error: reference_run: {args.model}: not a model folder (no config.json)")
+    try:
+        data = load_cnn_eval(args.dataset)
+    except DatasetError as e:
+        sys.exit(f"error: reference_run: {e}")
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=getattr(torch, args.dtype)).eval()
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id

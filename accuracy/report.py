@@ -1,25 +1,10 @@
-"""accuracy.txt as the reference scripts print it, and the per-benchmark accuracy targets the
-v6.1 submission checker enforces (mlperf-rules.md section 1)."""
+"""accuracy.txt as the reference scripts print it, and the check of a result against the
+per-benchmark accuracy targets the v6.1 submission checker enforces (kept in systems/benchmarks.py)."""
 
 import numpy as np
 
 from accuracy.rouge import rouge_scores
-
-# metric -> (lowest allowed, highest allowed or None)
-TARGETS: dict[str, dict[str, tuple[float, float | None]]] = {
-    "llama3.1-8b": {
-        "rouge1": (38.7792 * 0.99, None), "rouge2": (15.9075 * 0.99, None), "rougeL": (24.4957 * 0.99, None),
-        "rougeLsum": (35.793 * 0.99, None), "gen_len": (8167644 * 0.9, 8167644 * 1.1),
-    },
-    "llama3.1-8b-edge": {
-        "rouge1": (39.06 * 0.99, None), "rouge2": (16.1147 * 0.99, None), "rougeL": (24.6375 * 0.99, None),
-        "rougeLsum": (36.124 * 0.99, None), "gen_len": (3051113 * 0.9, 3051113 * 1.1),
-    },
-    "llama2-70b-99.9": {
-        "rouge1": (44.4312 * 0.999, None), "rouge2": (22.0352 * 0.999, None), "rougeL": (28.6162 * 0.999, None),
-        "tokens_per_sample": (294.45 * 0.9, 294.45 * 1.1),
-    },
-}
+from systems.benchmarks import BENCHMARKS
 
 
 def summarization_accuracy(predictions: list[str], references: list[str], token_counts: list[int]) -> dict:
@@ -39,9 +24,10 @@ def format_accuracy_txt(result: dict) -> str:
 
 
 def targets_for(benchmark: str) -> dict[str, tuple[float, float | None]]:
-    if benchmark not in TARGETS:
-        raise KeyError(f"no accuracy targets for benchmark {benchmark!r}; known: {sorted(TARGETS)}")
-    return TARGETS[benchmark]
+    """metric -> (lowest allowed, highest allowed or None)."""
+    if benchmark not in BENCHMARKS:
+        raise KeyError(f"no accuracy targets for benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
+    return BENCHMARKS[benchmark].targets()
 
 
 def reference_targets(reference: dict) -> dict[str, tuple[float, float | None]]:

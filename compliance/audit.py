@@ -2,24 +2,17 @@
 
 A run passes only if LoadGen says VALID, logged no error, and (Server and Interactive) its p99
 TTFT and TPOT are strictly below the limits of its own scenario, and LoadGen was given exactly
-those limits. The official checker applies the Server limits to an Interactive directory (its
+those limits (the registry's, systems/benchmarks.py). The official checker applies the Server limits to an Interactive directory (its
 effective scenario is Server); this audit applies the Interactive ones (mlperf-rules.md section 5).
 """
 
 from pathlib import Path
 
 from compliance.loadgen_logs import read_detail_log
-
-# LoadGen model name -> scenario -> (p99 TTFT, p99 TPOT) limits in ms (mlperf.conf, v6.1).
-LATENCY_LIMITS_MS = {
-    "llama3_1-8b": {"Server": (2000, 100), "Interactive": (500, 30)},
-    "llama2-70b": {"Server": (2000, 200), "Interactive": (450, 40)},
-    "deepseek-r1": {"Server": (2000, 80), "Interactive": (1500, 15)},
-    "gpt-oss-120b": {"Server": (3000, 80), "Interactive": (2000, 15)},
-}
+from systems.benchmarks import Benchmark
 
 
-def audit_values(values: dict, errors: list[str], loadgen_model: str, scenario: str) -> list[str]:
+def audit_values(values: dict, errors: list[str], benchmark: Benchmark, scenario: str) -> list[str]:
     """Failures of one run's detail-log values (see the module docstring); empty when it passes."""
     failures = [f"LoadGen logged an error: {e}" for e in errors]
     if values.get("result_validity") != "VALID":
@@ -27,9 +20,9 @@ def audit_values(values: dict, errors: list[str], loadgen_model: str, scenario: 
     if not values.get("requested_use_token_latencies"):
         failures.append("token latencies were not on (requested_use_token_latencies)")
     if scenario in ("Server", "Interactive"):
-        if scenario not in LATENCY_LIMITS_MS.get(loadgen_model, {}):  # an edge benchmark has no Server
-            return failures + [f"{loadgen_model} has no {scenario} TTFT/TPOT limits"]
-        ttft_limit, tpot_limit = LATENCY_LIMITS_MS[loadgen_model][scenario]
+        if scenario not in benchmark.latency_limits_ms:  # an edge benchmark has no Server
+            return failures + [f"{benchmark.loadgen_model} has no {scenario} TTFT/TPOT limits"]
+        ttft_limit, tpot_limit = benchmark.latency_limits_ms[scenario]
         requested = (values.get("requested_server_ttft_latency"), values.get("requested_server_tpot_latency"))
         if requested != (ttft_limit * 1_000_000, tpot_limit * 1_000_000):
             got = "/".join("missing" if v is None else f"{v / 1e6:g}" for v in requested)
@@ -45,6 +38,6 @@ def audit_values(values: dict, errors: list[str], loadgen_model: str, scenario: 
     return failures
 
 
-def audit_run(detail_log: Path, loadgen_model: str, scenario: str) -> list[str]:
+def audit_run(detail_log: Path, benchmark: Benchmark, scenario: str) -> list[str]:
     values, errors = read_detail_log(detail_log)
-    return audit_values(values, errors, loadgen_model, scenario)
+    return audit_values(values, errors, benchmark, scenario)

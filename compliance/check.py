@@ -19,40 +19,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from accuracy.accuracy_log import AccuracyLogError
-from accuracy.report import TARGETS, reference_targets
+from accuracy.report import reference_targets
 from compliance import test06
 from compliance.audit import audit_values
 from compliance.loadgen_logs import read_detail_log
+from systems.benchmarks import BENCHMARKS, Benchmark
 
 SEEDS_V61 = {"effective_qsl_rng_seed": 2085463073848966840,
              "effective_sample_index_rng_seed": 2747215439041700203,
              "effective_schedule_rng_seed": 16159082839903944936}
 MIN_DURATION_MS = 600_000
-
-
-LLAMA3_EOS = frozenset({128001, 128008, 128009})
-# The v6.1 checker's required-scenarios-* and optional-scenarios-* lists (constants.py): system type ->
-# (required, optional). With both Server and Interactive optional, one of them is required. A
-# "datacenter,edge" system allows what either of its types allows.
-DATACENTER = {"datacenter": (frozenset({"Offline"}), frozenset({"Server", "Interactive"}))}
-EDGE = {"edge": (frozenset({"Offline", "SingleStream"}), frozenset())}
-
-
-@dataclass(frozen=True)
-class BenchmarkRules:
-    loadgen_model: str
-    dataset_size: int
-    eos_token_ids: frozenset  # of the benchmark's own model, for TEST06's EOS check
-    scenarios: dict = field(default_factory=lambda: DATACENTER)  # system type -> (required, optional)
-    test06: bool = True
-    equal_issue: bool = True  # mlperf.conf sets sample_concatenate_permutation = 1 (all the LLMs)
-
-
-BENCHMARK_RULES = {
-    "llama3.1-8b": BenchmarkRules("llama3_1-8b", 13368, LLAMA3_EOS),
-    "llama3.1-8b-edge": BenchmarkRules("llama3_1-8b-edge", 5000, LLAMA3_EOS, EDGE, test06=False),
-    "llama2-70b-99.9": BenchmarkRules("llama2-70b", 24576, frozenset({2})),
-}
 SCENARIO_DIRS = {"Offline", "Server", "Interactive", "SingleStream", "MultiStream"}
 # Accuracy-pattern regexes as the official checker matches accuracy.txt (mlperf-rules.md section 3;
 # its patterns begin with ".*", so they match anywhere in a line).
@@ -135,7 +111,7 @@ def check_system(path: Path, division: str, submitter: str, report: Report) -> d
     return desc
 
 
-def check_performance(scenario_dir: Path, rules: BenchmarkRules, scenario: str, report: Report) -> None:
+def check_performance(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
     log = scenario_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
     values, errors = read_detail_log(log)
     _check_common_log(log, values, rules, scenario, report)
@@ -157,11 +133,11 @@ def check_performance(scenario_dir: Path, rules: BenchmarkRules, scenario: str, 
                     f"{values.get('effective_sample_concatenate_permutation')}; mlperf.conf sets "
                     f"{rules.loadgen_model}.*.sample_concatenate_permutation = 1 (equal-issue mode)",
                     demo_shortened=True)
-    for failure in audit_values(values, errors, rules.loadgen_model, scenario):
+    for failure in audit_values(values, errors, rules, scenario):
         report.fail(log, "latency-validity-audit", failure)
 
 
-def _check_common_log(log: Path, values: dict, rules: BenchmarkRules, scenario: str, report: Report) -> None:
+def _check_common_log(log: Path, values: dict, rules: Benchmark, scenario: str, report: Report) -> None:
     for key, seed in SEEDS_V61.items():
         if values.get(key) != seed:
             report.fail(log, "seeds", f"{key} is {values.get(key)}, not the v6.1 seed {seed}")
@@ -174,7 +150,7 @@ def _check_common_log(log: Path, values: dict, rules: BenchmarkRules, scenario: 
                     f"{rules.dataset_size}", demo_shortened=True)
 
 
-def check_accuracy(scenario_dir: Path, rules: BenchmarkRules, scenario: str, targets: dict,
+def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets: dict,
                    report: Report) -> None:
     acc_dir = scenario_dir / "accuracy"
     log = acc_dir / "mlperf_log_detail.txt"
@@ -210,7 +186,7 @@ def check_accuracy(scenario_dir: Path, rules: BenchmarkRules, scenario: str, tar
             report.fail(text_path, "accuracy-target", f"{metric} = {value} is not {bound}")
 
 
-def check_test06(scenario_dir: Path, rules: BenchmarkRules, scenario: str, report: Report) -> None:
+def check_test06(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
     verify_path = scenario_dir / "TEST06" / "verify_accuracy.txt"
     lines = dict(line.split(": ", 1) for line in verify_path.read_text().splitlines() if ": " in line)
     for key, passing in TEST06_PASS_LINES.items():
@@ -228,7 +204,7 @@ def check_test06(scenario_dir: Path, rules: BenchmarkRules, scenario: str, repor
         report.fail(log, "TEST06", failure)
 
 
-def check_scenario(scenario_dir: Path, rules: BenchmarkRules, targets: dict, report: Report) -> None:
+def check_scenario(scenario_dir: Path, rules: Benchmark, targets: dict, report: Report) -> None:
     scenario = scenario_dir.name
     required = SCENARIO_FILES + (TEST06_FILES if rules.test06 else [])
     missing = [name for name in required if not (scenario_dir / name).is_file()]
@@ -250,7 +226,7 @@ def check_scenario(scenario_dir: Path, rules: BenchmarkRules, targets: dict, rep
         check_test06(scenario_dir, rules, scenario, report)
 
 
-def allowed_scenarios(rules: BenchmarkRules, system_type: str) -> tuple[frozenset, frozenset] | None:
+def allowed_scenarios(rules: Benchmark, system_type: str) -> tuple[frozenset, frozenset] | None:
     """(required, optional) scenarios of a benchmark on a system of `system_type`; None when that
     type of system cannot submit the benchmark."""
     kinds = [rules.scenarios[kind] for kind in str(system_type).split(",") if kind in rules.scenarios]
@@ -259,7 +235,7 @@ def allowed_scenarios(rules: BenchmarkRules, system_type: str) -> tuple[frozense
     return frozenset().union(*(r for r, _ in kinds)), frozenset().union(*(o for _, o in kinds))
 
 
-def check_scenario_set(bench_dir: Path, benchmark: str, rules: BenchmarkRules, system_type: str,
+def check_scenario_set(bench_dir: Path, benchmark: str, rules: Benchmark, system_type: str,
                        scenarios: set, report: Report) -> None:
     allowed = allowed_scenarios(rules, system_type)
     if allowed is None:  # the official checker has no scenario list for it and stops with a TypeError
@@ -293,8 +269,8 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
             desc = check_system(system_json, division, org.name, report)
         for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
             benchmark = mapping.get(bench_dir.name, bench_dir.name)
-            if benchmark not in BENCHMARK_RULES:
-                report.fail(bench_dir, "benchmark", f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARK_RULES)}"
+            if benchmark not in BENCHMARKS:
+                report.fail(bench_dir, "benchmark", f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}"
                             + ("; an open-division model needs model_mapping.json" if division == "open" else ""))
                 continue
             readme = org / "src" / bench_dir.name / "README.md"
@@ -304,7 +280,8 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
             scenarios = {p.name for p in bench_dir.iterdir() if p.is_dir()}
             for unknown in sorted(scenarios - SCENARIO_DIRS):
                 report.fail(bench_dir / unknown, "structure", "not a scenario folder")
-            rules, targets = BENCHMARK_RULES[benchmark], TARGETS[benchmark]
+            rules = BENCHMARKS[benchmark]
+            targets = rules.targets()
             if desc is not None:
                 check_scenario_set(bench_dir, benchmark, rules, desc.get("system_type"), scenarios, report)
             reference_path = org / "documentation" / f"{bench_dir.name}_reference_accuracy.json"
@@ -337,6 +314,8 @@ def main() -> None:
     parser.add_argument("tree", type=Path, help="the submission root holding closed/ and/or open/")
     parser.add_argument("--demo", action="store_true", help="the demo's shortened runs warn instead of fail")
     args = parser.parse_args()
+    if not args.tree.is_dir():
+        sys.exit(f"error: check: {args.tree} is not a folder (the submission root holding closed/ and/or open/)")
     report = check_tree(args.tree, args.demo)
     for line in report.warnings:
         print(f"WARNING {line}")

@@ -21,11 +21,12 @@ import argparse
 import hashlib
 import json
 import shutil
+import sys
 from pathlib import Path
 
 from compliance import test06
-from compliance.check import BENCHMARK_RULES
-from harness.config import REPO, System
+from systems.benchmarks import BENCHMARKS
+from systems.schema import REPO, System, SystemConfigError
 
 # The official truncation step keeps the first and last 4 KiB of a results accuracy log.
 VIEWABLE_BYTES = 4096
@@ -88,7 +89,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
                                    out / "accuracy" / "mlperf_log_accuracy.json")
     with open(out / "accuracy" / "accuracy.txt", "a") as f:
         f.write(f"\nhash={digest}\n")
-    if not BENCHMARK_RULES[benchmark].test06:
+    if not BENCHMARKS[benchmark].test06:
         return []
     if not (logs / "TEST06" / "mlperf_log_accuracy.json").is_file():
         raise PackagingError(f"{logs / 'TEST06'} has no mlperf_log_accuracy.json: run the TEST06 mode first")
@@ -124,8 +125,14 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
     system = System.load(system_name, root)
     description = json.loads((root / "systems" / f"{system_name}.json").read_text())
     description.pop("saaf_harness")  # our harness settings, not part of the MLPerf description
+    missing = [key for key in ("division", "submitter") if key not in description]
+    if missing:
+        raise PackagingError(f"{system.path}: the system description has no {missing}")
     org = Path(out) / description["division"] / description["submitter"]
     names = {benchmark: system.model_name or benchmark for benchmark in benchmarks or sorted(system.datasets)}
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        raise PackagingError(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
     if len(set(names.values())) < len(names):
         raise PackagingError(f"system {system.name!r} substitutes one model_name {system.model_name!r} for the "
                              f"benchmarks {sorted(names)}, whose results would share one folder: package them from "
@@ -181,11 +188,13 @@ def main() -> None:
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmarks", nargs="*")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
+    parser.add_argument("--root", type=Path, default=REPO,
+                        help="the folder holding systems/, measurements/ and build/logs/")
     args = parser.parse_args()
     try:
-        org, failures = package(args.system, args.out, args.benchmarks)
-    except PackagingError as e:
-        raise SystemExit(f"package: {e}")
+        org, failures = package(args.system, args.out, args.benchmarks, args.root)
+    except (PackagingError, SystemConfigError) as e:
+        sys.exit(f"error: package: {e}")
     for failure in failures:
         print(failure)
     print(f"package: {org}")

@@ -12,6 +12,7 @@ Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server cove
 """
 
 import argparse
+import io
 import json
 import re
 import shutil
@@ -20,15 +21,37 @@ import sys
 import time
 from pathlib import Path
 
-from compliance.audit import LATENCY_LIMITS_MS
+from accuracy.dataset import DatasetError, load_cnn_eval
 from compliance.check import check_tree
 from compliance.package import PackagingError, load_calibration, package
-from harness.config import REPO, RunConfig, System
+from systems.benchmarks import BENCHMARKS
+from systems.schema import REPO, System, SystemConfigError
 
 MODES = ("performance", "accuracy", "TEST06")
 LATENCY_SCENARIOS = ("Server", "Interactive")
 DEMO_BUDGET_MIN = 30
 TEST06_QUERIES = 100  # compliance/TEST06.audit.config
+
+
+class ChainError(RuntimeError):
+    """A step of the chain failed; the message names it and why."""
+
+
+def run_step(command: list[str]) -> None:
+    """Run one harness command (`python -m ...`), its output shown as it comes. On failure, raise
+    with the command and the child's own `error:` line (held back here, so the chain ends in one)."""
+    child = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE)
+    reason = last = None
+    # newline="": lines split at \r too, and are passed on as written, so progress bars stay bars.
+    for line in io.TextIOWrapper(child.stderr, errors="replace", newline=""):
+        if line.startswith("error: "):
+            reason = line.strip().removeprefix("error: ")
+            continue
+        sys.stderr.write(line)
+        sys.stderr.flush()
+        last = line.strip() or last
+    if child.wait():
+        raise ChainError(f"`python {' '.join(command[1:])}` failed: {reason or last or f'exit status {child.returncode}'}")
 
 
 def predicted_minutes(user_conf: str, dataset_size: int) -> float:
@@ -66,17 +89,20 @@ def interactive_past_budget(committed_conf: str, dataset_size: int, server: dict
                         f"{limits_ms[1]:.0f} ms limits)")
 
 
-def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: float) -> list[str] | None:
+def _root_args(root: Path) -> list[str]:
+    return [] if root == REPO else ["--root", str(root)]
+
+
+def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: Path, start: float) -> list[str] | None:
     """Calibrate a latency scenario; return the `--user-conf` arguments for its runs, or None when
     it is left out (the reason printed and kept in its calibration.json)."""
-    from harness.dataset import load_cnn_eval
-
     server = load_calibration(logs.parent / "Server")
+    committed = root / "measurements" / system.name / benchmark / scenario / "user.conf"
     reason = None
-    if system.demo and scenario == "Interactive" and server is not None and server["target_qps"] is not None:
-        cfg = RunConfig.resolve(system.name, benchmark, scenario, "performance")
-        reason = interactive_past_budget(cfg.user_conf.read_text(), len(load_cnn_eval(system.datasets[benchmark])),
-                                         server, LATENCY_LIMITS_MS[cfg.benchmark.loadgen_model][scenario],
+    if (system.demo and scenario == "Interactive" and server is not None and server["target_qps"] is not None
+            and committed.is_file()):  # without it, harness.calibrate below says what is missing
+        reason = interactive_past_budget(committed.read_text(), len(load_cnn_eval(system.datasets[benchmark])),
+                                         server, BENCHMARKS[benchmark].latency_limits_ms[scenario],
                                          (time.time() - start) / 60)
     if reason is not None:
         (logs / "calibration").mkdir(parents=True, exist_ok=True)
@@ -84,10 +110,8 @@ def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: 
             json.dumps({"scenario": scenario, "target_qps": None, "reason": reason, "summary": reason}, indent=2) + "\n")
         print(f"submission: {benchmark} {reason}", flush=True)
         return None
-    command = [sys.executable, "-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark,
-               "--scenario", scenario]
-    if subprocess.run(command, cwd=REPO).returncode:
-        sys.exit(f"submission: `{' '.join(command[1:])}` failed; stopping")
+    run_step([sys.executable, "-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark,
+              "--scenario", scenario, *_root_args(root)])
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
         overrun = past_budget((logs / "calibration" / "user.conf").read_text(),
@@ -103,38 +127,29 @@ def calibrate(system: System, benchmark: str, scenario: str, logs: Path, start: 
     return ["--user-conf", str(logs / "calibration" / "user.conf")]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system", default="cpu-demo")
-    parser.add_argument("--benchmarks", nargs="*")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
-    args = parser.parse_args()
+def chain(system_name: str, benchmarks: list[str] | None, out: Path, root: Path) -> bool:
+    """Every run, the tree and its check; True when the tree passes."""
     start = time.time()
-    system = System.load(args.system)
-    benchmarks = args.benchmarks or sorted(system.datasets)
+    system = System.load(system_name, root)
+    benchmarks = benchmarks or sorted(system.datasets)
     for benchmark in benchmarks:
         for scenario in system.scenarios:
-            logs = REPO / "build" / "logs" / args.system / benchmark / scenario
+            logs = root / "build" / "logs" / system_name / benchmark / scenario
             shutil.rmtree(logs, ignore_errors=True)  # no run or calibration of an earlier chain stays
             user_conf = []
             if scenario in LATENCY_SCENARIOS:
-                print(f"submission: {args.system} {benchmark} {scenario} calibration "
+                print(f"submission: {system_name} {benchmark} {scenario} calibration "
                       f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
-                user_conf = calibrate(system, benchmark, scenario, logs, start)
+                user_conf = calibrate(system, benchmark, scenario, root, logs, start)
                 if user_conf is None:
                     continue
             for mode in MODES:
-                print(f"submission: {args.system} {benchmark} {scenario} {mode} "
+                print(f"submission: {system_name} {benchmark} {scenario} {mode} "
                       f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
-                command = [sys.executable, "-m", "harness", "run", "--system", args.system, "--benchmark", benchmark,
-                           "--scenario", scenario, "--mode", mode, *user_conf]
-                if subprocess.run(command, cwd=REPO).returncode:
-                    sys.exit(f"submission: `{' '.join(command[1:])}` failed; stopping")
-    try:
-        org, test06_failures = package(args.system, args.out, benchmarks)
-    except PackagingError as e:
-        sys.exit(f"submission: {e}")
-    report = check_tree(args.out, demo=system.demo)
+                run_step([sys.executable, "-m", "harness", "run", "--system", system_name, "--benchmark", benchmark,
+                          "--scenario", scenario, "--mode", mode, *_root_args(root), *user_conf])
+    org, test06_failures = package(system_name, out, benchmarks, root)
+    report = check_tree(out, demo=system.demo)
     for line in report.warnings:
         print(f"WARNING {line}")
     for line in report.errors + test06_failures:
@@ -143,6 +158,21 @@ def main() -> None:
     print(f"submission: tree {org} in {(time.time() - start) / 60:.1f} min; "
           f"check{' --demo' if system.demo else ''}: {'PASS' if passed else 'FAIL'} "
           f"({len(report.errors)} errors, {len(report.warnings)} warnings)")
+    return passed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--system", default="cpu-demo")
+    parser.add_argument("--benchmarks", nargs="*")
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
+    parser.add_argument("--root", type=Path, default=REPO,
+                        help="the folder holding systems/ and measurements/; logs go to its build/logs/")
+    args = parser.parse_args()
+    try:
+        passed = chain(args.system, args.benchmarks, args.out, args.root)
+    except (SystemConfigError, DatasetError, PackagingError, ChainError) as e:
+        sys.exit(f"error: submission: {e}")
     sys.exit(0 if passed else 1)
 
 

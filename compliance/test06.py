@@ -11,7 +11,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from accuracy.accuracy_log import read_accuracy_entries
+from accuracy.accuracy_log import AccuracyLogError, read_accuracy_entries
 
 AUDIT_CONFIG = Path(__file__).with_name("TEST06.audit.config")
 
@@ -72,7 +72,10 @@ def main() -> None:
     parser.add_argument("--scenario", required=True, choices=["Offline", "Server", "Interactive", "SingleStream"])
     parser.add_argument("--eos-id", type=int, nargs="+", required=True, help="the model's EOS token id(s)")
     args = parser.parse_args()
-    failures = write_result(args.logs, args.out, args.scenario, set(args.eos_id))
+    try:
+        failures = write_result(args.logs, args.out, args.scenario, set(args.eos_id))
+    except AccuracyLogError as e:
+        raise SystemExit(f"error: test06: {e}")
     print((args.out / "TEST06" / "verify_accuracy.txt").read_text(), end="")
     for failure in failures:
         print(f"TEST06: {failure}")

@@ -1,2 +1,2 @@
-"""LoadGen harnesses (Offline, Server, Interactive), datasets and QSL, and the run CLI
+"""LoadGen harnesses (Offline, Server, Interactive) and QSL, the load calibration, and the run CLI
 (`python -m harness run`)."""

@@ -4,8 +4,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config import BENCHMARKS, MODES, REPO, SCENARIOS, HarnessConfigError, RunConfig
-from harness.dataset import DatasetError
+from accuracy.dataset import DatasetError
+from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
+from systems.benchmarks import BENCHMARKS
+from systems.schema import REPO
 
 
 def main() -> None:
@@ -22,12 +24,13 @@ def main() -> None:
                             help="the folder holding systems/ and measurements/; logs go to its build/logs/")
     args = parser.parse_args()
     from harness.run import run
+    from sut import SaafError
 
     try:
         print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root,
                                           args.user_conf)))
-    except (HarnessConfigError, DatasetError) as e:
-        sys.exit(f"harness: {e}")
+    except (HarnessConfigError, DatasetError, SaafError) as e:  # a user's error: one line, no traceback
+        sys.exit(f"error: harness: {e}")
 
 
 if __name__ == "__main__":

@@ -42,11 +42,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.config import REPO, HarnessConfigError, RunConfig, loadgen_model_name
-from harness.dataset import DatasetError, load_cnn_eval
-
-# (p99 TTFT, p99 TPOT) limits in ms, as mlperf.conf sets them for LoadGen (compliance/audit.py).
-from compliance.audit import LATENCY_LIMITS_MS
+from accuracy.dataset import DatasetError, load_cnn_eval
+from harness.config import HarnessConfigError, RunConfig
+from systems.schema import REPO
 
 FLOOR_SHARE = 0.6  # a floor above this share of a limit leaves no room for queueing
 CAPACITY_SECONDS = 30.0
@@ -291,24 +289,26 @@ def main() -> None:
     parser.add_argument("--probe-seconds", type=float, default=CAPACITY_SECONDS, help="of the capacity probe")
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
+    from sut import LLMEngine, SaafError, SamplingParams
+
     try:
         cfg = RunConfig.resolve(args.system, args.benchmark, args.scenario, "performance", args.root)
+        if args.scenario not in cfg.benchmark.latency_limits_ms:
+            raise HarnessConfigError(f"{cfg.benchmark.name} has no {args.scenario} scenario (no TTFT/TPOT limits)")
         dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
-    except (HarnessConfigError, DatasetError) as e:
-        sys.exit(f"calibrate: {e}")
-    from sut import LLMEngine, SamplingParams
-
-    engine = LLMEngine(cfg.system.model, **cfg.system.engine_settings(args.scenario))
-    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=1)
-    ttft_limit, tpot_limit = LATENCY_LIMITS_MS[cfg.benchmark.loadgen_model][args.scenario]
-    schedule = loadgen_schedule(cfg.user_conf, loadgen_model_name(cfg.benchmark, args.scenario), len(dataset))
+        engine = LLMEngine(cfg.system.model, **cfg.system.engine_settings(args.scenario))
+    except (HarnessConfigError, DatasetError, SaafError) as e:
+        sys.exit(f"error: calibrate: {e}")
+    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
+    ttft_limit, tpot_limit = cfg.benchmark.latency_limits_ms[args.scenario]
+    schedule = loadgen_schedule(cfg.user_conf, cfg.benchmark.loadgen_name(args.scenario), len(dataset))
     cal = calibrate(engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit, schedule,
                     args.probe_seconds)
     out = cfg.log_dir.parent / "calibration"
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps({**asdict(cal), "summary": cal.summary()}, indent=2) + "\n")
     if cal.target_qps is not None:
-        (out / "user.conf").write_text(calibrated_user_conf(cfg.user_conf, loadgen_model_name(cfg.benchmark, args.scenario),
+        (out / "user.conf").write_text(calibrated_user_conf(cfg.user_conf, cfg.benchmark.loadgen_name(args.scenario),
                                                             cal.target_qps))
     elif (out / "user.conf").exists():
         (out / "user.conf").unlink()

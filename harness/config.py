@@ -1,36 +1,26 @@
-"""What a run is made of: the benchmark (LoadGen model name, dataset, generation limits), the
-scenario, the system (model folder, dataset files, engine settings from systems/<system>.json),
-and the user.conf under measurements/<system>/<benchmark>/<Scenario>/, checked before LoadGen
-starts so a bad file fails with its line and key instead of being half-applied."""
+"""What a run is made of: the benchmark (its entry in systems/benchmarks.py), the scenario, the
+system (systems/<system>.json, read by systems/schema.py; its engine settings checked by the
+engine's own rules), and the user.conf under measurements/<system>/<benchmark>/<Scenario>/, all
+checked before LoadGen starts so a bad file fails with its line and key instead of being
+half-applied."""
 
 import hashlib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlperf_loadgen as lg
 
-REPO = Path(__file__).resolve().parents[1]
+from systems.benchmarks import BENCHMARKS, Benchmark
+from systems.schema import REPO, System, SystemConfigError
 
 
 class HarnessConfigError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Benchmark:
-    name: str  # submission directory name
-    loadgen_model: str  # first field of mlperf.conf keys
-    max_new_tokens: int
-
-
-BENCHMARKS = {
-    "llama3.1-8b": Benchmark("llama3.1-8b", "llama3_1-8b", 128),
-    "llama3.1-8b-edge": Benchmark("llama3.1-8b-edge", "llama3_1-8b-edge", 128),  # SingleStream and Offline
-    "llama2-70b-99.9": Benchmark("llama2-70b-99.9", "llama2-70b", 1024),
-}
+# The registry's scenarios as LoadGen runs them.
 SCENARIOS = {
     "Offline": lg.TestScenario.Offline,
     "Server": lg.TestScenario.Server,
@@ -50,10 +40,6 @@ USER_CONF_KEYS = {
     "mode", "accuracy_log_probability", "accuracy_log_sampling_target", "test05",
 }
 USER_CONF_LINE = re.compile(r"^\s*([\w.*-]+)\.([\w*]+)\.(\w+)\s*=\s*(\S+)\s*$")
-
-
-def loadgen_model_name(benchmark: Benchmark, scenario: str) -> str:
-    return benchmark.loadgen_model + ("-interactive" if scenario == "Interactive" else "")
 
 
 def check_user_conf(path: Path) -> None:
@@ -80,44 +66,15 @@ def check_user_conf(path: Path) -> None:
             raise HarnessConfigError(f"{path}:{n}: {key} must not be negative, got {value}")
 
 
-@dataclass
-class System:
-    name: str
-    model: Path
-    datasets: dict[str, Path]  # benchmark -> dataset file
-    engine: dict  # LLM engine settings
-    scenario_engine: dict[str, dict]  # per-scenario overrides of those (e.g. a smaller step budget for Server)
-    accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
-    scenarios: list[str]  # what `make submission` runs for each benchmark
-    model_name: str | None  # open division: the substituted model, named in the tree and mapped to the benchmark
-    demo: bool  # shortened runs: the checker warns about run length and dataset size instead of failing
+def check_engine_settings(system: System, scenario: str) -> None:
+    """The engine refuses bad settings only once it starts; this finds them before a run does."""
+    from sut.config import EngineConfig
+    from sut.errors import ConfigError
 
-    @staticmethod
-    def load(name: str, root: Path = REPO) -> "System":
-        """`root/systems/<name>.json`; `root` is the repository except in tests."""
-        path = root / "systems" / f"{name}.json"
-        if not path.is_file():
-            known = sorted(p.stem for p in (root / "systems").glob("*.json"))
-            raise HarnessConfigError(f"unknown system {name!r}: no {path}; known systems: {known}")
-        try:
-            raw = json.loads(path.read_text())
-            harness = raw["saaf_harness"]
-            reference = harness.get("accuracy_reference")
-            system = System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
-                            dict(harness.get("engine", {})), dict(harness.get("scenario_engine", {})),
-                            root / reference if reference else None,
-                            list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
-                            bool(harness.get("demo", False)))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise HarnessConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
-        unknown = [s for s in [*system.scenarios, *system.scenario_engine] if s not in SCENARIOS]
-        if unknown:
-            raise HarnessConfigError(f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
-                                     f"{unknown}; known: {sorted(SCENARIOS)}")
-        return system
-
-    def engine_settings(self, scenario: str) -> dict:
-        return {**self.engine, **self.scenario_engine.get(scenario, {})}
+    try:
+        EngineConfig.from_kwargs(**system.engine_settings(scenario))
+    except ConfigError as e:
+        raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {scenario}: {e}") from None
 
 
 def _check_reference(reference: Path, dataset: Path, system: str) -> None:
@@ -129,11 +86,6 @@ def _check_reference(reference: Path, dataset: Path, system: str) -> None:
     if expected and dataset.is_file() and hashlib.sha256(dataset.read_bytes()).hexdigest() != expected:
         raise HarnessConfigError(f"{dataset} is not the dataset accuracy reference {reference} was recorded on "
                                  f"(SHA-256 {expected}); rebuild it (for the demo: `make data`)")
-
-
-def _expand(value: str) -> Path:
-    cache = os.environ.get("SAAF_CACHE", str(Path("~/.cache/saaf-infer").expanduser()))
-    return Path(os.path.expandvars(value.replace("${SAAF_CACHE}", cache))).expanduser()
 
 
 @dataclass
@@ -156,7 +108,11 @@ class RunConfig:
             raise HarnessConfigError(f"unknown scenario {scenario!r}; known: {sorted(SCENARIOS)}")
         if mode not in MODES:
             raise HarnessConfigError(f"unknown mode {mode!r}; known: {sorted(MODES)}")
-        sys_config = System.load(system, root)
+        try:
+            sys_config = System.load(system, root)
+        except SystemConfigError as e:
+            raise HarnessConfigError(str(e)) from None
+        check_engine_settings(sys_config, scenario)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
         reference = sys_config.accuracy_reference

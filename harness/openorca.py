@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_cnn_eval
 
 # SHA-256 digests of the official file as MLCommons publishes them. None is published: as of
 # mlcommons/inference b66003e (2026-08-20), language/llama2-70b/README.md gives only download

@@ -7,11 +7,11 @@ import shutil
 import mlperf_loadgen as lg
 from tqdm import tqdm
 
+from accuracy.dataset import load_cnn_eval
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance import test06
 from compliance.loadgen_logs import read_detail_log
-from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig, loadgen_model_name
-from harness.dataset import load_cnn_eval
+from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from harness.loadgen_sut import EngineSUT, construct_qsl
 
 
@@ -30,7 +30,7 @@ def run(cfg: RunConfig) -> str:
     dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
     settings = lg.TestSettings()
     conf_scenario = "Server" if cfg.scenario == "Interactive" else cfg.scenario
-    if settings.FromConfig(str(cfg.user_conf), loadgen_model_name(cfg.benchmark, cfg.scenario), conf_scenario):
+    if settings.FromConfig(str(cfg.user_conf), cfg.benchmark.loadgen_name(cfg.scenario), conf_scenario):
         raise HarnessConfigError(f"{cfg.user_conf}: LoadGen refused it (see its log line above)")
     settings.scenario, settings.mode = SCENARIOS[cfg.scenario], MODES[cfg.mode]
 
@@ -46,7 +46,7 @@ def run(cfg: RunConfig) -> str:
     # vLLM, min_tokens 1 keeps EOS from being the first token, and the response holds the EOS that
     # ends it, so every response has at least 2 tokens unless only one fits in max_model_len: refused
     # here, before LoadGen starts.
-    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=1)
+    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
     no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
     if no_room:
         raise HarnessConfigError(f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "

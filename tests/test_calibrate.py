@@ -14,8 +14,9 @@ import pytest
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
 from harness.calibrate import (BURST_SECONDS, REPLAYS, WINDOW_SECONDS, calibrate, calibrated_user_conf, poisson_arrivals,
                                replay, worst_window)
-from harness.config import REPO, check_user_conf
+from harness.config import check_user_conf
 from sut import LLMEngine, SamplingParams
+from systems.schema import REPO
 
 from conftest import random_prompts
 

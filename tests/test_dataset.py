@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from harness.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_cnn_eval
 from harness.demo_data import INSTRUCTION, build
 
 

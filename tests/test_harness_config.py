@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from harness.config import HarnessConfigError, RunConfig, check_user_conf
+from systems.schema import System
 from tests.test_kernels_name import REPO
 
 
@@ -52,26 +53,22 @@ def test_cli_reports_a_missing_dataset_before_loadgen(tmp_path):
 
 
 def test_missing_accuracy_reference_is_caught_before_an_accuracy_run(monkeypatch, tmp_path):
-    from harness import config
-
-    demo = config.System.load("cpu-demo")
+    demo = System.load("cpu-demo")
     demo.accuracy_reference = tmp_path / "none.json"
-    monkeypatch.setattr(config.System, "load", staticmethod(lambda name, root: demo))
+    monkeypatch.setattr(System, "load", staticmethod(lambda name, root: demo))
     with pytest.raises(HarnessConfigError, match="names accuracy reference .*none.json, which does not exist"):
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
     RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")  # performance runs need no reference
 
 
 def test_accuracy_reference_of_another_dataset_is_refused(monkeypatch, tmp_path):
-    from harness import config
-
-    demo = config.System.load("cpu-demo")
+    demo = System.load("cpu-demo")
     dataset = tmp_path / "data.json"
     dataset.write_text("[]")
     demo.datasets = {"llama3.1-8b": dataset}
     demo.accuracy_reference = tmp_path / "reference.json"
     demo.accuracy_reference.write_text(json.dumps({"scores": {}, "dataset_sha256": "0" * 64}))
-    monkeypatch.setattr(config.System, "load", staticmethod(lambda name, root: demo))
+    monkeypatch.setattr(System, "load", staticmethod(lambda name, root: demo))
     with pytest.raises(HarnessConfigError, match="data.json is not the dataset accuracy reference .* was recorded on"):
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
 

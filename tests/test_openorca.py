@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from harness import openorca
-from harness.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_cnn_eval
 from tests.test_kernels_name import REPO
 
 
@@ -125,15 +125,15 @@ def test_cli(official_pickle, tmp_path):
 def test_llama2_benchmark_uses_loadgens_llama2_settings(tmp_path):
     import mlperf_loadgen as lg
 
-    from harness.config import BENCHMARKS, loadgen_model_name
+    from systems.benchmarks import BENCHMARKS
 
     benchmark = BENCHMARKS["llama2-70b-99.9"]
     assert benchmark.max_new_tokens == 1024
-    assert loadgen_model_name(benchmark, "Interactive") == "llama2-70b-interactive"
+    assert benchmark.loadgen_name("Interactive") == "llama2-70b-interactive"
     user_conf = tmp_path / "user.conf"
     user_conf.write_text("llama2-70b.Offline.target_qps = 1\n")
     settings = lg.TestSettings()
-    assert settings.FromConfig(str(user_conf), loadgen_model_name(benchmark, "Offline"), "Offline") == 0
+    assert settings.FromConfig(str(user_conf), benchmark.loadgen_name("Offline"), "Offline") == 0
     assert settings.min_query_count == 24576 and settings.performance_sample_count_override == 24576
 
 

@@ -14,8 +14,8 @@ import pytest
 from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
-from harness.config import REPO
 from sut import LLM, SamplingParams
+from systems.schema import REPO
 from tests.conftest import SMOLLM2_DIR, random_prompts
 
 NUM_SAMPLES = 24

@@ -2,7 +2,8 @@
 llama3.1-8b (a JSON list of records with `tok_input`, the prompt's token ids, and `output`, the
 reference summary; `input` holds the prompt text). The CPU demo's XSum stand-in is written in the
 same form, and so is llama2-70b's OpenOrca set, converted once from its pickle by harness.openorca.
-Every problem names the file, the sample and the field."""
+Every problem names the file, the sample and the field. It lives in accuracy, which owns the
+references, so that the reference run and the submission chain read it without the harness."""
 
 import json
 from dataclasses import dataclass

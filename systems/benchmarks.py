@@ -1,0 +1,85 @@
+"""The benchmark registry: every fact the harness, accuracy and compliance need about one MLPerf
+LLM benchmark, in one entry (v6.1; sources in mlperf-rules.md sections 1 and 2). A new benchmark
+is one more entry in ENTRIES."""
+
+from dataclasses import dataclass, field
+
+# Scenarios the harness runs ("Interactive" is LoadGen's Server with the "-interactive" model's limits).
+SCENARIOS = ("Offline", "Server", "Interactive", "SingleStream")
+
+# The v6.1 checker's required-scenarios-* and optional-scenarios-* lists: system type -> (required,
+# optional). With both Server and Interactive optional, one of them is required. A
+# "datacenter,edge" system allows what either of its types allows.
+DATACENTER = {"datacenter": (frozenset({"Offline"}), frozenset({"Server", "Interactive"}))}
+EDGE = {"edge": (frozenset({"Offline", "SingleStream"}), frozenset())}
+
+LLAMA3_EOS = frozenset({128001, 128008, 128009})
+
+
+@dataclass(frozen=True)
+class AccuracyTarget:
+    """A metric's bounds as shares of the reference implementation's score."""
+    reference: float
+    low: float  # the result must reach reference * low
+    high: float | None = None  # and, where set, stay at most reference * high
+
+    def bounds(self) -> tuple[float, float | None]:
+        return self.reference * self.low, None if self.high is None else self.reference * self.high
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str  # submission directory name
+    loadgen_model: str  # first field of mlperf.conf keys
+    dataset_size: int
+    max_new_tokens: int
+    min_new_tokens: int
+    eos_token_ids: frozenset  # of the benchmark's own model, for TEST06's EOS check
+    latency_limits_ms: dict  # scenario -> (p99 TTFT, p99 TPOT) limits in ms, as mlperf.conf sets them
+    accuracy: dict  # metric -> AccuracyTarget
+    scenarios: dict = field(default_factory=lambda: DATACENTER)  # system type -> (required, optional)
+    compliance_tests: tuple = ("TEST06",)
+    equal_issue: bool = True  # mlperf.conf sets sample_concatenate_permutation = 1 (all the LLMs)
+    ready: bool = True  # False: its facts are recorded, but nothing here runs or checks it yet
+
+    @property
+    def test06(self) -> bool:
+        return "TEST06" in self.compliance_tests
+
+    def targets(self) -> dict[str, tuple[float, float | None]]:
+        """metric -> (lowest allowed, highest allowed or None)."""
+        return {metric: target.bounds() for metric, target in self.accuracy.items()}
+
+    def loadgen_name(self, scenario: str) -> str:
+        """The model name of LoadGen's config keys in `scenario`."""
+        return self.loadgen_model + ("-interactive" if scenario == "Interactive" else "")
+
+
+def _rouge(rouge1: float, rouge2: float, rouge_l: float, rouge_lsum: float | None, share: float) -> dict:
+    scores = {"rouge1": rouge1, "rouge2": rouge2, "rougeL": rouge_l, "rougeLsum": rouge_lsum}
+    return {metric: AccuracyTarget(score, share) for metric, score in scores.items() if score is not None}
+
+
+ENTRIES = (
+    Benchmark("llama3.1-8b", "llama3_1-8b", 13368, 128, 1, LLAMA3_EOS,
+              {"Server": (2000, 100), "Interactive": (500, 30)},
+              {**_rouge(38.7792, 15.9075, 24.4957, 35.793, 0.99), "gen_len": AccuracyTarget(8167644, 0.9, 1.1)}),
+    Benchmark("llama3.1-8b-edge", "llama3_1-8b-edge", 5000, 128, 1, LLAMA3_EOS, {},  # SingleStream and Offline
+              {**_rouge(39.06, 16.1147, 24.6375, 36.124, 0.99), "gen_len": AccuracyTarget(3051113, 0.9, 1.1)},
+              EDGE, compliance_tests=()),
+    Benchmark("llama2-70b-99.9", "llama2-70b", 24576, 1024, 1, frozenset({2}),
+              {"Server": (2000, 200), "Interactive": (450, 40)},
+              {**_rouge(44.4312, 22.0352, 28.6162, None, 0.999), "tokens_per_sample": AccuracyTarget(294.45, 0.9, 1.1)}),
+    # Not run here yet: no dataset reader, model or accuracy script for them (their EOS ids come with the model).
+    Benchmark("deepseek-r1", "deepseek-r1", 4388, 20000, 1, frozenset(),
+              {"Server": (2000, 80), "Interactive": (1500, 15)},
+              {"exact_match": AccuracyTarget(81.3582, 0.99), "tokens_per_sample": AccuracyTarget(3886.2274, 0.9, 1.1)},
+              ready=False),
+    Benchmark("gpt-oss-120b", "gpt-oss-120b", 6396, 10240, 1, frozenset(),
+              {"Server": (3000, 80), "Interactive": (2000, 15)},
+              # tokens_per_sample's 9999 is marked "placeholder" in the checker's source
+              {"exact_match": AccuracyTarget(83.13, 0.99), "tokens_per_sample": AccuracyTarget(9999, 0.0, 1.1)},
+              compliance_tests=("TEST07", "TEST09"), ready=False),
+)
+# What the harness runs and the checker checks.
+BENCHMARKS = {b.name: b for b in ENTRIES if b.ready}

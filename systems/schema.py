@@ -1,0 +1,62 @@
+"""The schema of systems/<system>.json: the MLPerf system description, and our `saaf_harness`
+block in it (model folder, dataset files, engine settings, scenarios), read into `System`. A bad
+file fails with its path and what is wrong."""
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from systems.benchmarks import SCENARIOS
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class SystemConfigError(ValueError):
+    pass
+
+
+@dataclass
+class System:
+    name: str
+    model: Path
+    datasets: dict[str, Path]  # benchmark -> dataset file
+    engine: dict  # LLM engine settings
+    scenario_engine: dict[str, dict]  # per-scenario overrides of those (e.g. a smaller step budget for Server)
+    accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
+    scenarios: list[str]  # what `make submission` runs for each benchmark
+    model_name: str | None  # open division: the substituted model, named in the tree and mapped to the benchmark
+    demo: bool  # shortened runs: the checker warns about run length and dataset size instead of failing
+    path: Path  # the file it was read from
+
+    @staticmethod
+    def load(name: str, root: Path = REPO) -> "System":
+        """`root/systems/<name>.json`; `root` is the repository except in tests."""
+        path = root / "systems" / f"{name}.json"
+        if not path.is_file():
+            known = sorted(p.stem for p in (root / "systems").glob("*.json"))
+            raise SystemConfigError(f"unknown system {name!r}: no {path}; known systems: {known}")
+        try:
+            raw = json.loads(path.read_text())
+            harness = raw["saaf_harness"]
+            reference = harness.get("accuracy_reference")
+            system = System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
+                            dict(harness.get("engine", {})), dict(harness.get("scenario_engine", {})),
+                            root / reference if reference else None,
+                            list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
+                            bool(harness.get("demo", False)), path)
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
+        unknown = [s for s in [*system.scenarios, *system.scenario_engine] if s not in SCENARIOS]
+        if unknown:
+            raise SystemConfigError(f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
+                                    f"{unknown}; known: {sorted(SCENARIOS)}")
+        return system
+
+    def engine_settings(self, scenario: str) -> dict:
+        return {**self.engine, **self.scenario_engine.get(scenario, {})}
+
+
+def _expand(value: str) -> Path:
+    cache = os.environ.get("SAAF_CACHE", str(Path("~/.cache/saaf-infer").expanduser()))
+    return Path(os.path.expandvars(value.replace("${SAAF_CACHE}", cache))).expanduser()

@@ -1,0 +1,97 @@
+"""A user's error ends every CLI in one `error:` line naming what was wrong, a non-zero exit
+status and no traceback: an unknown system, a bad engine setting in a system file, a missing
+tree or run logs, a missing model folder."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from systems.schema import REPO
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", *map(str, args)], cwd=REPO, capture_output=True, text=True)
+
+
+def assert_one_error_line(done, *names):
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr
+    for name in names:
+        assert name in errors[0], (name, errors[0])
+
+
+@pytest.fixture
+def root(tmp_path):
+    """A repository-like folder with one system `t` whose engine block says max_num_seqs -3."""
+    system = {"division": "open", "submitter": "TestOrg",
+              "saaf_harness": {"model": str(tmp_path / "model"), "datasets": {"llama3.1-8b": str(tmp_path / "d.json")},
+                               "engine": {"max_num_seqs": -3}, "scenarios": ["Offline"]}}
+    (tmp_path / "systems").mkdir()
+    (tmp_path / "systems" / "t.json").write_text(json.dumps(system))
+    return tmp_path
+
+
+BAD_ENGINE = ("t.json: saaf_harness engine settings for Offline", "max_num_seqs must be a positive integer, got -3")
+
+
+def test_harness_run_unknown_system():
+    assert_one_error_line(run_cli("harness", "run", "--system", "nope"), "unknown system 'nope'")
+
+
+def test_harness_run_bad_engine_setting(root):
+    done = run_cli("harness", "run", "--system", "t", "--root", root)
+    assert_one_error_line(done, *BAD_ENGINE)
+    assert not (root / "build").exists()  # found before any run started
+
+
+def test_calibrate_unknown_system():
+    assert_one_error_line(run_cli("harness.calibrate", "--system", "nope"), "unknown system 'nope'")
+
+
+def test_submission_unknown_system():
+    assert_one_error_line(run_cli("compliance.submission", "--system", "nope"), "unknown system 'nope'")
+
+
+def test_submission_names_the_failed_run_and_its_error(root):
+    done = run_cli("compliance.submission", "--system", "t", "--root", root, "--out", root / "submission")
+    assert_one_error_line(done, "harness run --system t --benchmark llama3.1-8b --scenario Offline --mode performance",
+                          "failed", *BAD_ENGINE)
+
+
+def test_package_unknown_system(tmp_path):
+    done = run_cli("compliance.package", "--system", "nope", "--out", tmp_path)
+    assert_one_error_line(done, "unknown system 'nope'")
+
+
+def test_package_without_runs(root):
+    system = json.loads((root / "systems" / "t.json").read_text())
+    system["saaf_harness"]["engine"] = {}
+    (root / "systems" / "t.json").write_text(json.dumps(system))
+    done = run_cli("compliance.package", "--system", "t", "--root", root, "--out", root / "submission")
+    assert_one_error_line(done, "measurements/t/llama3.1-8b/Offline/measurements.json is missing")
+
+
+def test_check_missing_tree(tmp_path):
+    assert_one_error_line(run_cli("compliance.check", tmp_path / "none"), "none is not a folder")
+
+
+def test_reference_run_missing_model(tmp_path):
+    done = run_cli("accuracy.reference_run", "--model", tmp_path / "none", "--dataset", tmp_path / "d.json",
+                   "--out", tmp_path / "out.json")
+    assert_one_error_line(done, "none: not a model folder")
+
+
+def test_a_system_file_that_is_not_json(root):
+    (root / "systems" / "t.json").write_text("{")
+    assert_one_error_line(run_cli("harness", "run", "--system", "t", "--root", root),
+                          "t.json: needs a 'saaf_harness' object")
+
+
+def test_test06_missing_log(tmp_path):
+    done = run_cli("compliance.test06", "--logs", tmp_path / "none", "--out", tmp_path, "--scenario", "Offline",
+                   "--eos-id", "2")
+    assert_one_error_line(done, "none/mlperf_log_accuracy.json: accuracy log not found")
