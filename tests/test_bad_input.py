@@ -146,12 +146,19 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=80, ttft_patience_ms=500)
     with pytest.raises(ConfigError, match="ttft_patience_ms must be a positive number"):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=96, ttft_patience_ms=-1)
-    with pytest.raises(ConfigError, match="gguf_blocks must be true or false, got 'yes'"):
-        LLM(tiny_llama[0], gguf_blocks="yes")
-    with pytest.raises(ConfigError, match="int16_activations must be true or false, got 1"):
-        LLM(tiny_llama[0], int16_activations=1)
-    with pytest.raises(ConfigError, match="int16_activations needs gguf_blocks"):
-        LLM(tiny_llama[0], int16_activations=True, gguf_blocks=False)
+    with pytest.raises(ConfigError, match="cpu.quantized_weights must be true or false, got 'yes'"):
+        LLM(tiny_llama[0], cpu={"quantized_weights": "yes"})
+    with pytest.raises(ConfigError, match="cpu.int16_activations must be true or false, got 1"):
+        LLM(tiny_llama[0], cpu={"int16_activations": 1})
+    with pytest.raises(ConfigError, match="cpu.int16_activations needs cpu.quantized_weights"):
+        LLM(tiny_llama[0], cpu={"int16_activations": True, "quantized_weights": False})
+    with pytest.raises(ConfigError, match=r"unknown engine setting\(s\) \['cpu.int8'\]"):
+        LLM(tiny_llama[0], cpu={"int8": True})
+    with pytest.raises(ConfigError, match="engine setting cpu must be an object"):
+        LLM(tiny_llama[0], cpu=True)
+    for old in ("gguf_blocks", "int16_activations"):  # the spelling before the cpu object
+        with pytest.raises(ConfigError, match=rf"unknown engine setting\(s\) \['{old}'\]"):
+            LLM(tiny_llama[0], **{old: True})
 
 
 def test_generate_validates_everything_before_running(tiny_llama):
