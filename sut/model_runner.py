@@ -19,10 +19,11 @@ class ModelRunner:
         self.device = device
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
+        # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend switch.
         self.cpu = setup_cpu_backend(self.model, model_path, config.cpu) if device.type == "cpu" else None
         try:
             self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
-        except ValueError as e:
+        except ValueError as e:  # kernels knows nothing of the engine's errors
             raise ConfigError(f"engine setting {e}") from None
         c = model_config
         self.bytes_per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
