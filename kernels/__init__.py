@@ -5,10 +5,11 @@ attention holds the step's metadata and the paged-attention op
 the model calls (the CPU one, and the dispatch to the decode or prefill kernel). checks.py runs
 each kernel against its reference (for the tests and gpu_check.py, `make gpu-check`).
 
-The model calls only the `KernelOps` set picked here, so the backend switch lives in one place: the
-engine takes TRITON_OPS on CUDA and TORCH_OPS on CPU (its `kernels` setting can force either; on
-CPU the Triton kernels run only in Triton's interpreter, TRITON_INTERPRET=1, which is for tests).
-Requests and LoadGen are unknown here: ops take tensors."""
+The model calls only the `KernelOps` set that `select_ops` picks, so the backend switch lives in one
+place: our Triton kernels on CUDA, and on CPU the op set of the engine's CPU backend (its C kernels,
+handed in by the runner) or, without one, TORCH_OPS. The engine's `kernels` setting can force
+Triton or torch; on CPU the Triton kernels run only in Triton's interpreter (TRITON_INTERPRET=1,
+which is for tests). Requests and LoadGen are unknown here: ops take tensors."""
 
 from dataclasses import dataclass
 from typing import Callable
@@ -18,6 +19,7 @@ from kernels.attention import AttentionMetadata, paged_attention, paged_attentio
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
 from kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
 from kernels.rotary import rotary_reference, rotary_triton
+from kernels.triton_utils import interpreting
 
 
 @dataclass(frozen=True)
@@ -37,4 +39,24 @@ TORCH_OPS = KernelOps("torch", rms_norm_reference, add_rms_norm_reference, rotar
 TRITON_OPS = KernelOps("triton", rms_norm_triton, add_rms_norm_triton, rotary_triton, store_kvcache_triton,
                        paged_attention_triton, silu_and_mul_reference)
 
-__all__ = ["AttentionMetadata", "KernelOps", "TORCH_OPS", "TRITON_OPS", "paged_attention"]
+KERNEL_SETTINGS = ("auto", "triton", "torch")
+
+
+def select_ops(device_type: str, setting: str = "auto", cpu_ops: KernelOps | None = None) -> KernelOps:
+    """The op set for a model on `device_type` ("cuda", "cpu"): `setting` "auto" takes TRITON_OPS on
+    CUDA and on CPU `cpu_ops` (the CPU backend's, None where it has none) or else TORCH_OPS;
+    "triton" and "torch" force those. ValueError for Triton off CUDA outside the interpreter."""
+    if setting not in KERNEL_SETTINGS:
+        raise ValueError(f"kernels must be one of {list(KERNEL_SETTINGS)}, got {setting!r}")
+    if setting == "triton" or (setting == "auto" and device_type == "cuda"):
+        # Off CUDA, Triton runs only in its interpreter: that is for tests, far too slow to serve.
+        if device_type != "cuda" and not interpreting():
+            raise ValueError("kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 (Triton's interpreter, "
+                             "for tests) set before kernels is imported")
+        return TRITON_OPS
+    if setting == "auto" and device_type == "cpu" and cpu_ops is not None:
+        return cpu_ops
+    return TORCH_OPS
+
+
+__all__ = ["AttentionMetadata", "KernelOps", "TORCH_OPS", "TRITON_OPS", "paged_attention", "select_ops"]

@@ -48,7 +48,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     `k`, `v` are this step's new keys and values (already stored in the cache); a sequence with no
     cached context attends to them directly instead of gathering them back from the pool.
     `decode_kernel(q, out, group, k_cache, v_cache, scale)`, when given, computes all the decodes
-    (one `_DecodeGroup`) into `out` in place of SDPA (the CPU engine's C kernel, sut/cpu_ops.py).
+    (one `_DecodeGroup`) into `out` in place of SDPA (the CPU engine's C kernel, sut/cpu/ops.py).
     """
     if meta.reference_plan is None:
         meta.reference_plan = _plan(meta, k_cache.shape[1], q.device, DECODE_GROUP if decode_kernel is None else None)

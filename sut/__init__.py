@@ -1,10 +1,22 @@
 """The system under test: an LLM engine for Llama-family models with a paged KV cache, continuous
-batching with chunked prefill, preemption, and greedy or seeded sampling."""
+batching with chunked prefill, preemption, and greedy or seeded sampling. Its CPU backend lives in
+sut/cpu/."""
 
+import torch
+
+from sut.cpu.build import cpu_description
 from sut.engine import LLMEngine, RequestOutput
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, UnsupportedModelError
 from sut.llm import LLM
 from sut.sampling_params import SamplingParams
 
+
+def machine_description() -> str:
+    """This machine, for run records: its CPU (with the C kernels' level), and the GPUs once this
+    process uses CUDA (asking does not start it)."""
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
+    return cpu_description() + "".join(f"; GPU {i}: {name}" for i, name in enumerate(gpus))
+
+
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "SaafError", "InvalidRequestError",
-           "ConfigError", "UnsupportedModelError", "CheckpointError"]
+           "ConfigError", "UnsupportedModelError", "CheckpointError", "machine_description"]

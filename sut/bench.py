@@ -133,15 +133,16 @@ def main():
     ap.add_argument("--hf-pad-to", type=int, default=1024)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="for both engines")
     ap.add_argument("--skip-hf", action="store_true", help="run only our engine")
-    ap.add_argument("--no-gguf-blocks", action="store_true", help="our engine with gguf_blocks=False")
-    ap.add_argument("--int16", action="store_true", help="our engine with int16_activations=True (not exact)")
+    ap.add_argument("--no-quantized-weights", action="store_true", help="our engine with cpu.quantized_weights=False")
+    ap.add_argument("--int16", action="store_true", help="our engine with cpu.int16_activations=True (not exact)")
     args = ap.parse_args()
     # The cores this process may use (a container can have fewer than the host); not Linux: all.
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
     torch.set_num_threads(len(cores))
 
     from sut import LLM, SamplingParams
-    llm = LLM(args.model, dtype=args.dtype, gguf_blocks=not args.no_gguf_blocks, int16_activations=args.int16)
+    llm = LLM(args.model, dtype=args.dtype,
+              cpu={"quantized_weights": not args.no_quantized_weights, "int16_activations": args.int16})
     if llm.tokenizer is None:
         raise CheckpointError(f"{args.model}: the model folder has no tokenizer (the prompts are text)")
     prompts = build_prompts(llm.tokenizer, args.num_prompts)

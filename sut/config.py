@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from sut.cpu.settings import CpuSettings
 from sut.errors import ConfigError, UnsupportedModelError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
@@ -135,15 +136,14 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens; default: the model's maximum
     block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # pool size; default: sized from kv_cache_memory_gb
-    kv_cache_memory_gb: float | None = None  # default: 2 GiB on CPU, 90% of free memory on CUDA
+    kv_cache_memory_gb: float | None = None  # default: the CPU backend's on CPU, 90% of free memory on CUDA
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = False  # MLPerf forbids reuse across queries: off unless asked
     dtype: str = "auto"  # "auto" = the checkpoint's dtype
     device: str = "auto"  # "auto" = cuda when available, else cpu
-    kernels: str = "auto"  # "auto" = our Triton kernels on CUDA, the PyTorch ops on CPU; or "triton" / "torch"
+    kernels: str = "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"
     seed: int = 0  # for sampled requests without their own seed
-    gguf_blocks: bool = True  # CPU fp32: small batches computed from the folder's GGUF blocks (sut/cpu_quant.py)
-    int16_activations: bool = False  # with gguf_blocks: every linear's input rounded to int16 per block of 32 (faster, not exact)
+    cpu: CpuSettings = CpuSettings()  # the CPU backend's own settings (sut/cpu/settings.py), given as a dict
 
     @staticmethod
     def from_kwargs(**kwargs) -> "EngineConfig":
@@ -151,7 +151,7 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ConfigError(f"unknown engine setting(s) {unknown}; known settings: {sorted(known)}")
-        config = EngineConfig(**kwargs)
+        config = EngineConfig(**{**kwargs, "cpu": CpuSettings.from_value(kwargs.get("cpu", {}))})
         config.validate()
         return config
 
@@ -175,11 +175,6 @@ class EngineConfig:
                 raise ConfigError(f"engine setting {name} must be a positive integer or None, got {value!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
-        for name in ("gguf_blocks", "int16_activations"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"engine setting {name} must be true or false, got {getattr(self, name)!r}")
-        if self.int16_activations and not self.gguf_blocks:
-            raise ConfigError("engine setting int16_activations needs gguf_blocks (it computes from the GGUF blocks)")
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ConfigError(f"engine setting dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):

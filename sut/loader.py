@@ -17,8 +17,6 @@ from sut.errors import CheckpointError
 from sut.model import FusedLinear, LlamaForCausalLM, RotaryEmbedding
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
-# Block-quantized copies of the weights beside the checkpoint (sut/cpu_quant.py), not a shard of it.
-GGUF_BLOCKS_FILE = "gguf-blocks.safetensors"
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -33,10 +31,31 @@ def weight_files(folder: Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} names shard(s) that are missing: {missing}")
         return files
-    files = sorted(f for f in folder.glob("*.safetensors") if f.name != GGUF_BLOCKS_FILE)
+    # Only the folder's own files: what else a backend keeps beside the checkpoint lives in subfolders.
+    files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{folder}: no *.safetensors checkpoint in the model folder")
     return files
+
+
+def tensor_names(folder: Path, files: list[Path]) -> dict[Path, list[str]]:
+    """Each file's tensor names. A tensor in two files means one of them is not a shard of this
+    checkpoint: refused by name, before either is read."""
+    names_in, seen = {}, {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                names_in[file] = list(f.keys())
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
+        for name in names_in[file]:
+            if name in seen:
+                raise CheckpointError(
+                    f"{folder}: tensor {name!r} is in both {seen[name].name} and {file.name}, so one of them is not "
+                    "a shard of the checkpoint: remove it, or convert the folder again if an older converter wrote "
+                    "it (`make models` for the demo model)")
+            seen[name] = file
+    return names_in
 
 
 def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, tuple[str, int, torch.Size]]:
@@ -63,10 +82,9 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
     if config.tie_word_embeddings:
         del expected["lm_head.weight"]
     loaded: set[str] = set()
-    for file in weight_files(folder):
+    names_in = tensor_names(folder, weight_files(folder))
+    for file, names in names_in.items():
         try:
-            with safe_open(file, framework="pt", device="cpu") as f:
-                names = list(f.keys())
             for name in names:
                 if name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
                     continue

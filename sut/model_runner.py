@@ -2,65 +2,32 @@
 batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
 `execute` runs the forward on it and returns the logits of the rows the batch wants."""
 
-import ctypes
-import sys
 from itertools import chain
 
 import numpy as np
 import torch
 
-from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
-from kernels.triton_utils import interpreting
+from kernels import AttentionMetadata, select_ops
 from sut.config import EngineConfig, ModelConfig
-from sut.cpu_build import library
-from sut.cpu_layer import CpuDecoder
-from sut.cpu_linear import pack_linears
-from sut.cpu_ops import cpu_ops
-from sut.cpu_quant import attach_gguf_blocks
+from sut.cpu.backend import setup_cpu_backend
 from sut.errors import ConfigError
 from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
 from sut.step_input import StepInput
-
-CPU_KV_CACHE_GB = 2.0
-
-
-def keep_freed_memory_in_heap() -> None:
-    """glibc serves large allocations with mmap and returns them on free, so every step's big
-    temporaries (gathered K/V, activations) page-fault afresh; on CPU that doubled decode time.
-    Raise the mmap and trim thresholds so freed memory is reused instead (process-wide)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc
-        return
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    libc.mallopt(M_MMAP_THRESHOLD, 512 << 20)
-    libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)
 
 
 class ModelRunner:
     def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device):
         self.device = device
-        if device.type == "cpu":
-            keep_freed_memory_in_heap()
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
-        if device.type == "cpu":
-            if config.gguf_blocks:
-                # before packing: it checks the dense weights
-                attach_gguf_blocks(self.model, model_path, config.int16_activations)
-            pack_linears(self.model)
-        # The one backend switch. Triton on a CPU device works only in Triton's interpreter
-        # (TRITON_INTERPRET=1): that is for tests, far too slow to serve.
-        use_triton = config.kernels == "triton" or (config.kernels == "auto" and device.type == "cuda")
-        if use_triton and device.type != "cuda" and not interpreting():
-            raise ConfigError("engine setting kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 "
-                              "(Triton's interpreter, for tests) set before kernels is imported")
-        cpu_auto = device.type == "cpu" and config.kernels == "auto"
-        self.model.ops = TRITON_OPS if use_triton else cpu_ops() if cpu_auto else TORCH_OPS
+        # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend switch.
+        self.cpu = setup_cpu_backend(self.model, model_path, config.cpu) if device.type == "cpu" else None
+        try:
+            self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
+        except ValueError as e:  # kernels knows nothing of the engine's errors
+            raise ConfigError(f"engine setting {e}") from None
         c = model_config
         self.bytes_per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
         self.num_blocks = config.num_kv_blocks or self._blocks_from_memory(config, model_config)
@@ -74,10 +41,9 @@ class ModelRunner:
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.v_cache = self.kv_cache[1, i]
-        # Decode-only steps in one C call where every linear computes from blocks (sut/cpu_layer.py).
-        self.cpu_decoder = None
-        if cpu_auto and dtype == torch.float32 and library() is not None and CpuDecoder.applies(self.model):
-            self.cpu_decoder = CpuDecoder(self.model, library())
+        # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
+        # the step's hidden states, or None for a step it does not take.
+        self.cpu_decoder = self.cpu and self.cpu.decoder()
 
     def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig) -> int:
         if config.kv_cache_memory_gb is not None:
@@ -89,7 +55,7 @@ class ModelRunner:
             logits = config.max_num_seqs * mc.vocab_size * 4 * 3
             budget = free - (1 - config.gpu_memory_utilization) * total - activations - logits
         else:
-            budget = CPU_KV_CACHE_GB * 2**30
+            budget = self.cpu.kv_cache_bytes
         return max(0, int(budget // self.bytes_per_block))
 
     def prepare(self, batch: ScheduledBatch) -> StepInput:

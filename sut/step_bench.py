@@ -2,13 +2,14 @@
 lengths. These bound what a Server run can meet: every decode step is part of each running
 request's time per output token.
 
-    python -m sut.step_bench --model DIR [--dtype float32|bfloat16] [--thread] [--no-gguf-blocks | --int16]
+    python -m sut.step_bench --model DIR [--dtype float32|bfloat16] [--thread] [--no-quantized-weights | --int16]
     python -m sut.step_bench --overhead [--vocab 128256] [--context 1000]
 
 --thread runs the steps in a second thread instead of the main one, which on CPU is slower (the
-reason the LoadGen harness steps the engine in the main thread). --no-gguf-blocks runs every CPU
-linear on its fp32 weights (sut/cpu_quant.py says when the blocks are used); --int16 computes every
-linear from the blocks with int16 inputs (engine setting int16_activations, as the CPU demo runs).
+reason the LoadGen harness steps the engine in the main thread). --no-quantized-weights runs every
+CPU linear on its fp32 weights (sut/cpu/quant.py says when the quantized ones are used); --int16
+computes every linear from the quantized weights with int16 inputs (engine setting
+cpu.int16_activations, as the CPU demo runs).
 
 --overhead times the host's share of a decode step, the part that sits on a GPU's critical path
 beside the forward: schedule, prepare (the step input), sample and update, at batch 1, 64 and 256
@@ -167,8 +168,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1000, help="with --overhead: tokens per sequence")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--thread", action="store_true", help="step the engine in a thread other than the main one")
-    parser.add_argument("--no-gguf-blocks", action="store_true", help="engine setting gguf_blocks=False")
-    parser.add_argument("--int16", action="store_true", help="engine setting int16_activations=True")
+    parser.add_argument("--no-quantized-weights", action="store_true",
+                        help="engine setting cpu.quantized_weights=False")
+    parser.add_argument("--int16", action="store_true", help="engine setting cpu.int16_activations=True")
     args = parser.parse_args()
     if args.overhead:
         overhead(args.vocab, args.context)
@@ -176,7 +178,7 @@ def main() -> None:
     if not args.model:
         parser.error("--model is required (except with --overhead)")
     engine = LLMEngine(args.model, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=4096,
-                       gguf_blocks=not args.no_gguf_blocks, int16_activations=args.int16)
+                       cpu={"quantized_weights": not args.no_quantized_weights, "int16_activations": args.int16})
 
     def measure() -> None:
         for batch in (1, 4, 8, 16):

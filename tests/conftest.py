@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 
 torch.manual_seed(0)
 
-from sut.cpu_build import runnable_levels  # noqa: E402 (after TRITON_INTERPRET)
+from sut.cpu.build import runnable_levels  # noqa: E402 (after TRITON_INTERPRET)
 
 # The C kernels' instruction-set levels this CPU runs, for the tests that run each one
 # (tests/test_cpu_build.py names, as a skip, the levels it cannot run).

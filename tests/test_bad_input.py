@@ -151,12 +151,19 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=80, ttft_patience_ms=500)
     with pytest.raises(ConfigError, match="ttft_patience_ms must be a positive number"):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=96, ttft_patience_ms=-1)
-    with pytest.raises(ConfigError, match="gguf_blocks must be true or false, got 'yes'"):
-        LLM(tiny_llama[0], gguf_blocks="yes")
-    with pytest.raises(ConfigError, match="int16_activations must be true or false, got 1"):
-        LLM(tiny_llama[0], int16_activations=1)
-    with pytest.raises(ConfigError, match="int16_activations needs gguf_blocks"):
-        LLM(tiny_llama[0], int16_activations=True, gguf_blocks=False)
+    with pytest.raises(ConfigError, match="cpu.quantized_weights must be true or false, got 'yes'"):
+        LLM(tiny_llama[0], cpu={"quantized_weights": "yes"})
+    with pytest.raises(ConfigError, match="cpu.int16_activations must be true or false, got 1"):
+        LLM(tiny_llama[0], cpu={"int16_activations": 1})
+    with pytest.raises(ConfigError, match="cpu.int16_activations needs cpu.quantized_weights"):
+        LLM(tiny_llama[0], cpu={"int16_activations": True, "quantized_weights": False})
+    with pytest.raises(ConfigError, match=r"unknown engine setting\(s\) \['cpu.int8'\]"):
+        LLM(tiny_llama[0], cpu={"int8": True})
+    with pytest.raises(ConfigError, match="engine setting cpu must be an object"):
+        LLM(tiny_llama[0], cpu=True)
+    for old in ("gguf_blocks", "int16_activations"):  # the spelling before the cpu object
+        with pytest.raises(ConfigError, match=rf"unknown engine setting\(s\) \['{old}'\]"):
+            LLM(tiny_llama[0], **{old: True})
 
 
 def test_generate_validates_everything_before_running(tiny_llama):
@@ -237,7 +244,7 @@ def test_requests_from_another_thread(tiny_llama):
 @pytest.mark.parametrize("command", [
     ["sut.bench", "--model", "MISSING", "--skip-hf"],
     ["sut.step_bench", "--model", "MISSING"],
-    ["sut.step_bench", "--model", "TINY", "--int16", "--no-gguf-blocks"],
+    ["sut.step_bench", "--model", "TINY", "--int16", "--no-quantized-weights"],
 ])
 def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
     """A missing model folder or a setting the engine refuses: one `error:` line naming it, exit 2."""
@@ -245,6 +252,6 @@ def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
     done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    want = "model folder does not exist" if "MISSING" in command else "int16_activations needs gguf_blocks"
+    want = "model folder does not exist" if "MISSING" in command else "cpu.int16_activations needs cpu.quantized_weights"
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and want in last, done.stderr

@@ -1,11 +1,12 @@
-"""Which instruction-set level of the C kernels runs (sut/cpu_build.py): the CPU's own flags decide,
+"""Which instruction-set level of the C kernels runs (sut/cpu/build.py): the CPU's own flags decide,
 SAAF_CPU_ISA forces a lower one, a level the CPU lacks or an unknown name is refused by name, and
 every level this CPU runs builds and says it is that level."""
 
 import pytest
 
-from sut import cpu_build
-from sut.cpu_build import LEVELS, library, runnable_levels, selected_level
+from sut import machine_description
+from sut.cpu import build
+from sut.cpu.build import LEVELS, library, runnable_levels, selected_level
 from sut.errors import ConfigError
 
 from conftest import LEVELS as RUNNABLE
@@ -23,44 +24,44 @@ AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
     ("arm64", set(), ["portable"]),
 ])
 def test_levels_follow_the_cpu(monkeypatch, machine, flags, levels):
-    monkeypatch.setattr(cpu_build.platform, "machine", lambda: machine)
-    monkeypatch.setattr(cpu_build, "_cpu_flags", lambda: flags)
-    monkeypatch.delenv(cpu_build.ISA_ENV, raising=False)
+    monkeypatch.setattr(build.platform, "machine", lambda: machine)
+    monkeypatch.setattr(build, "_cpu_flags", lambda: flags)
+    monkeypatch.delenv(build.ISA_ENV, raising=False)
     assert runnable_levels() == levels
     assert selected_level() == levels[-1]
 
 
 def test_a_forced_level_is_taken_and_a_missing_or_unknown_one_refused(monkeypatch):
-    monkeypatch.setattr(cpu_build.platform, "machine", lambda: "x86_64")
-    monkeypatch.setattr(cpu_build, "_cpu_flags", lambda: AVX2)
-    monkeypatch.setenv(cpu_build.ISA_ENV, "portable")
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build, "_cpu_flags", lambda: AVX2)
+    monkeypatch.setenv(build.ISA_ENV, "portable")
     assert selected_level() == "portable"
-    monkeypatch.setenv(cpu_build.ISA_ENV, "AVX2")
+    monkeypatch.setenv(build.ISA_ENV, "AVX2")
     assert selected_level() == "avx2"
-    monkeypatch.setenv(cpu_build.ISA_ENV, "avx512")
+    monkeypatch.setenv(build.ISA_ENV, "avx512")
     with pytest.raises(ConfigError, match=r"SAAF_CPU_ISA='avx512': this CPU lacks it"):
         selected_level()
-    monkeypatch.setenv(cpu_build.ISA_ENV, "sse9")
+    monkeypatch.setenv(build.ISA_ENV, "sse9")
     with pytest.raises(ConfigError, match=r"SAAF_CPU_ISA='sse9' is not one of"):
         selected_level()
 
 
 def test_a_forced_level_holds_onednn_to_it(monkeypatch):
-    monkeypatch.setattr(cpu_build.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.setenv(cpu_build.ISA_ENV, "avx2")
-    cpu_build.hold_onednn_to_forced_level()
-    assert cpu_build.os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    monkeypatch.setenv(build.ISA_ENV, "avx2")
+    build.hold_onednn_to_forced_level()
+    assert build.os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
 
 
 def test_a_cap_set_by_hand_is_kept_and_recorded(monkeypatch):
     """SAAF_CPU_ISA=portable ONEDNN_MAX_CPU_ISA=AVX2: the portable kernels beside this CPU's oneDNN."""
-    monkeypatch.setattr(cpu_build.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
-    monkeypatch.setenv(cpu_build.ISA_ENV, "portable")
-    cpu_build.hold_onednn_to_forced_level()
-    assert cpu_build.os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
-    assert "oneDNN held to AVX2" in cpu_build.machine_description()
+    monkeypatch.setenv(build.ISA_ENV, "portable")
+    build.hold_onednn_to_forced_level()
+    assert build.os.environ["ONEDNN_MAX_CPU_ISA"] == "AVX2"
+    assert "oneDNN held to AVX2" in machine_description()
 
 
 @pytest.mark.parametrize("level", RUNNABLE)
@@ -78,4 +79,4 @@ def test_levels_this_cpu_cannot_run(level):
     """Named here, once, so that no other test skips a path silently."""
     if level != "none":
         pytest.skip(f"this CPU cannot run the {level} kernels (flags it lacks: "
-                    f"{sorted(cpu_build.CPU_FLAGS[level] - cpu_build._cpu_flags())})")
+                    f"{sorted(build.CPU_FLAGS[level] - build._cpu_flags())})")

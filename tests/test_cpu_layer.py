@@ -1,4 +1,4 @@
-"""The CPU decode path (sut/cpu_layer.py, all layers of a decode-only step in one C call)
+"""The CPU decode path (sut/cpu/layer.py, all layers of a decode-only step in one C call)
 computes what the model's own path computes with the same C ops, at every instruction-set level
 this CPU runs, exact and with int16 inputs: the hidden states and the keys and values written to
 the cache; and the engine takes it for decode-only steps within its row limit only."""
@@ -8,11 +8,10 @@ import torch
 
 from kernels import AttentionMetadata
 from sut import LLM, SamplingParams
-from sut.cpu_build import library
-from sut.cpu_layer import CpuDecoder
-from sut.cpu_ops import cpu_ops
-from sut.loader import GGUF_BLOCKS_FILE
-from sut.cpu_quant import BLOCK_ROWS_MAX, INT16_ROWS_MAX, write_gguf_blocks
+from sut.cpu.build import library
+from sut.cpu.layer import CpuDecoder
+from sut.cpu.ops import c_ops
+from sut.cpu.quant import BLOCK_ROWS_MAX, INT16_ROWS_MAX, write_gguf_blocks
 
 from conftest import LEVELS, TINY_CONFIG, hf_greedy, random_prompts
 from test_cpu_quant import blockify
@@ -30,7 +29,7 @@ def blocks_folder(tmp_path_factory):
     tensors = blockify(model)
     folder = tmp_path_factory.mktemp("tiny-blocks-layer")
     model.save_pretrained(folder)
-    write_gguf_blocks(tensors, folder / GGUF_BLOCKS_FILE)
+    write_gguf_blocks(tensors, folder)
     return folder, model
 
 
@@ -48,9 +47,9 @@ def step_metadata(query_lens, seq_lens, block_size):
 @pytest.mark.parametrize("int16", [False, True])
 @pytest.mark.parametrize("seq_lens", [[1], [9, 30, 2], [20, 4, 7, 60, 1, 33, 12, 5]])
 def test_decoder_matches_the_models_path(blocks_folder, level, int16, seq_lens):
-    runner = LLM(blocks_folder[0], dtype="float32", num_kv_blocks=64, int16_activations=int16).engine.runner
+    runner = LLM(blocks_folder[0], dtype="float32", num_kv_blocks=64, cpu={"int16_activations": int16}).engine.runner
     model, lib = runner.model, library(level)
-    model.ops = cpu_ops(lib)
+    model.ops = c_ops(lib)
     for layer in model.model.layers:  # the model's path on the same level's kernels, the blocks' at any batch here
         for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
             linear.lib = lib
@@ -78,10 +77,10 @@ def test_engine_decodes_in_one_call_within_the_row_limit(blocks_folder, monkeypa
     and every decode step above the limit. At a level whose kernel for these layers never beats
     oneDNN there is no decoder."""
     folder, model = blocks_folder
-    llm = LLM(folder, dtype="float32", num_kv_blocks=64, int16_activations=int16)
+    llm = LLM(folder, dtype="float32", num_kv_blocks=64, cpu={"int16_activations": int16})
     decoder = llm.engine.runner.cpu_decoder
     if int16:
-        plain = LLM(folder, dtype="float32", num_kv_blocks=64, int16_activations=True)
+        plain = LLM(folder, dtype="float32", num_kv_blocks=64, cpu={"int16_activations": True})
         plain.engine.runner.cpu_decoder = None
         expected = lambda batch: [o.token_ids for o in plain.generate(batch, SamplingParams(max_tokens=6))]
     else:

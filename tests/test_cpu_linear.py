@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 from sut import LLMEngine
-from sut.cpu_linear import PackedLinear, onednn_available, pack_linears, packable_dtypes
+from sut.cpu.linear import PackedLinear, onednn_available, pack_linears, packable_dtypes
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN")
 

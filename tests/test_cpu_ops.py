@@ -1,4 +1,4 @@
-"""The CPU engine's C ops (sut/cpu_ops.py) at every instruction-set level this CPU runs, each
+"""The CPU engine's C ops (sut/cpu/ops.py) at every instruction-set level this CPU runs, each
 against its PyTorch reference: decode attention straight from the paged cache (alone and inside a
 mixed step through paged_attention), RMSNorm with and without the residual add, rope, the KV-cache
 write and SiLU-and-mul."""
@@ -10,8 +10,8 @@ from kernels import TORCH_OPS
 from kernels.attention import AttentionMetadata, paged_attention
 from kernels.checks import random_paged_cache
 from kernels.decode_attention import decode_attention_reference
-from sut.cpu_build import library
-from sut.cpu_ops import cpu_ops
+from sut.cpu.build import library
+from sut.cpu.ops import c_ops
 
 from conftest import LEVELS
 
@@ -30,7 +30,7 @@ def test_decode_attention_matches_reference(level, heads, kv_heads, dim, block_s
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     cu = torch.arange(len(lens) + 1, dtype=torch.int32)
     meta = AttentionMetadata(torch.full((len(lens),), -1), tables, cu, seq_lens, [1] * len(lens), lens)
-    got = cpu_ops(library(level)).paged_attention(q, None, None, k_cache, v_cache, meta, dim ** -0.5)
+    got = c_ops(library(level)).paged_attention(q, None, None, k_cache, v_cache, meta, dim ** -0.5)
     want = decode_attention_reference(q, k_cache, v_cache, tables, seq_lens, dim ** -0.5)
     torch.testing.assert_close(got, want, **EXACT)
 
@@ -52,7 +52,7 @@ def test_mixed_step_decodes_by_c_and_chunks_by_sdpa_match_reference(level):
     # the fresh prompt (no cached context) attends to this step's k, v: give the reference the same
     k_fresh, v_fresh = torch.zeros(14, 3, 64), torch.zeros(14, 3, 64)
     k_fresh[7:], v_fresh[7:] = k, v
-    got = cpu_ops(library(level)).paged_attention(q, k_fresh, v_fresh, k_cache, v_cache, meta(), 0.125)
+    got = c_ops(library(level)).paged_attention(q, k_fresh, v_fresh, k_cache, v_cache, meta(), 0.125)
     want = paged_attention(q, k_fresh, v_fresh, k_cache, v_cache, meta(), 0.125)
     torch.testing.assert_close(got, want, **EXACT)
 
@@ -62,7 +62,7 @@ def test_mixed_step_decodes_by_c_and_chunks_by_sdpa_match_reference(level):
 def test_rms_norms_match_reference(level, rows, dim):
     g = torch.Generator().manual_seed(rows)
     x, residual, weight = torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g), torch.randn(dim, generator=g)
-    ops = cpu_ops(library(level))
+    ops = c_ops(library(level))
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5), TORCH_OPS.rms_norm(x, weight, 1e-5), **EXACT)
     for got, want in zip(ops.add_rms_norm(x, residual, weight, 1e-5), TORCH_OPS.add_rms_norm(x, residual, weight, 1e-5)):
         torch.testing.assert_close(got, want, **EXACT)
@@ -83,7 +83,7 @@ def test_rotary_of_a_fused_qkv_output_matches_reference(level, tokens):
         return q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
 
     want_q, want_k = TORCH_OPS.rotary(*split(qkv.clone()), cos, sin)
-    got_q, got_k = cpu_ops(library(level)).rotary(*split(qkv), cos, sin)
+    got_q, got_k = c_ops(library(level)).rotary(*split(qkv), cos, sin)
     assert got_q.is_contiguous()  # the C decode attention reads q so
     torch.testing.assert_close(got_q, want_q, **EXACT)
     torch.testing.assert_close(got_k, want_k, **EXACT)
@@ -97,7 +97,7 @@ def test_kv_cache_write_matches_reference(level):
     slots = torch.tensor([5, -1, 0, 17, -1, 31])
     caches = [torch.zeros(4, 8, 3, 64) for _ in range(4)]
     TORCH_OPS.store_kvcache(k, v, caches[0], caches[1], slots)
-    cpu_ops(library(level)).store_kvcache(k, v, caches[2], caches[3], slots)
+    c_ops(library(level)).store_kvcache(k, v, caches[2], caches[3], slots)
     assert torch.equal(caches[0], caches[2]) and torch.equal(caches[1], caches[3])
 
 
@@ -106,7 +106,7 @@ def test_kv_cache_write_matches_reference(level):
 def test_silu_and_mul_matches_reference(level, rows):
     gate_up = 6 * torch.randn(rows, 2 * 1536, generator=torch.Generator().manual_seed(rows))
     gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, -0.0])
-    torch.testing.assert_close(cpu_ops(library(level)).silu_and_mul(gate_up), TORCH_OPS.silu_and_mul(gate_up),
+    torch.testing.assert_close(c_ops(library(level)).silu_and_mul(gate_up), TORCH_OPS.silu_and_mul(gate_up),
                                **EXACT)
 
 

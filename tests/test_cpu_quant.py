@@ -1,4 +1,4 @@
-"""Small-batch CPU linears from GGUF blocks (sut/cpu_quant.py): the kernels compute the product
+"""Small-batch CPU linears from GGUF blocks (sut/cpu/quant.py): the kernels compute the product
 with the weights the blocks rebuild; the blocks of the converted SmolLM2 rebuild its fp32
 checkpoint exactly, so the engine's output does not change; bad block files are refused by name."""
 
@@ -11,15 +11,15 @@ from torch import nn
 from kernels import AttentionMetadata
 
 from sut import LLM, SamplingParams
-from sut.cpu_build import library
-from sut.cpu_quant import INT16_ROWS_MAX
-from sut.cpu_quant import BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, BlockQuantLinear, BlockWeights, write_gguf_blocks
+from sut.cpu.build import library
+from sut.cpu.quant import INT16_ROWS_MAX
+from sut.cpu.quant import (BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, GGUF_BLOCKS_FILE, BlockQuantLinear, BlockWeights,
+                           write_gguf_blocks)
 from sut.errors import CheckpointError
-from sut.loader import GGUF_BLOCKS_FILE
 
 from conftest import LEVELS, hf_greedy, random_prompts
 
-pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build sut/cpu_quant.c")
+pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build sut/cpu/quant.c")
 
 
 def random_blocks(rows: int, cols: int, fmt: str, seed: int = 0, scale: float = 0.02) -> torch.Tensor:
@@ -124,7 +124,7 @@ def tiny_blocks_model(tmp_path_factory):
     tensors = blockify(model)
     folder = tmp_path_factory.mktemp("tiny-blocks")
     model.save_pretrained(folder)
-    write_gguf_blocks(tensors, folder / GGUF_BLOCKS_FILE)
+    write_gguf_blocks(tensors, folder)
     return folder, model, tensors
 
 
@@ -141,12 +141,13 @@ def test_engine_on_blocks_matches_transformers(tiny_blocks_model):
 def test_mismatched_blocks_are_refused_by_name(tiny_blocks_model, tmp_path):
     folder, _, tensors = tiny_blocks_model
     for f in folder.iterdir():
-        (tmp_path / f.name).write_bytes(f.read_bytes())
+        if f.is_file():  # the blocks' subfolder is written below
+            (tmp_path / f.name).write_bytes(f.read_bytes())
     bad = dict(tensors)
     raw = bad["model.layers.1.mlp.down_proj.weight"][0].clone()
     raw[0, 0, 4] ^= 1  # one code of one weight
     bad["model.layers.1.mlp.down_proj.weight"] = (raw, "Q4_1")
-    write_gguf_blocks(bad, tmp_path / GGUF_BLOCKS_FILE)
+    write_gguf_blocks(bad, tmp_path)
     with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.down_proj\.weight.*do not rebuild"):
         LLM(tmp_path, dtype="float32", kv_cache_memory_gb=0.01)
     (tmp_path / GGUF_BLOCKS_FILE).write_bytes(b"not safetensors")
@@ -156,7 +157,7 @@ def test_mismatched_blocks_are_refused_by_name(tiny_blocks_model, tmp_path):
 
 def test_without_kernels_the_engine_runs_on_fp32_weights(tiny_blocks_model, monkeypatch):
     folder, model, _ = tiny_blocks_model
-    monkeypatch.setattr("sut.cpu_quant.library", lambda: None)
+    monkeypatch.setattr("sut.cpu.quant.library", lambda: None)
     llm = LLM(folder, dtype="float32", kv_cache_memory_gb=0.01)
     assert not any(isinstance(m, BlockQuantLinear) for m in llm.engine.runner.model.modules())
     prompt = random_prompts([9])[0]
@@ -171,7 +172,7 @@ def test_smollm2_blocks_rebuild_its_checkpoint_and_keep_its_output(smollm2_dir):
     layers = [m for m in with_blocks.engine.runner.model.modules() if isinstance(m, BlockQuantLinear)]
     assert len(layers) == 30 * 4 + 1
     assert with_blocks.engine.runner.model.lm_head.blocks.format == "Q8_0"
-    dense = LLM(smollm2_dir, dtype="float32", kv_cache_memory_gb=0.05, max_model_len=512, gguf_blocks=False)
+    dense = LLM(smollm2_dir, dtype="float32", kv_cache_memory_gb=0.05, max_model_len=512, cpu={"quantized_weights": False})
     prompts = [[1] + p for p in random_prompts([12, 30, 7, 19, 25, 9, 40, 16, 22, 11], vocab=40000, seed=3)]
     params = SamplingParams(max_tokens=16)
     for batch in (prompts[:1], prompts[:4], prompts):
@@ -187,12 +188,12 @@ def prefill_metadata(n: int) -> AttentionMetadata:
 
 
 def test_smollm2_int16_activations_stay_close_to_exact(smollm2_dir):
-    """With int16_activations every linear, prefill included, computes with int16 inputs: the
+    """With cpu.int16_activations every linear, prefill included, computes with int16 inputs: the
     last-token logits of real prompts stay within a small fraction of their spread of the exact
     ones, and the greedy choice is the same."""
     kwargs = dict(dtype="float32", kv_cache_memory_gb=0.05, max_model_len=512)
     exact = LLM(smollm2_dir, **kwargs).engine.runner
-    approx = LLM(smollm2_dir, int16_activations=True, **kwargs).engine.runner
+    approx = LLM(smollm2_dir, cpu={"int16_activations": True}, **kwargs).engine.runner
     assert all(m.int16 for m in approx.model.modules() if isinstance(m, BlockQuantLinear))
     for prompt in [[1] + p for p in random_prompts([12, 30, 70], vocab=40000, seed=5)]:
         ids, positions = torch.tensor(prompt), torch.arange(len(prompt))

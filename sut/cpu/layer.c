@@ -1,7 +1,7 @@
-/* A decode step's decoder layers in one C call (see cpu_layer.py), for the steps whose every
+/* A decode step's decoder layers in one C call (see layer.py), for the steps whose every
    linear computes from the GGUF blocks: at decode batch sizes the ~14 PyTorch calls per layer
    that this replaces cost as much as their arithmetic. Each part is one of the kernels of
-   cpu_quant.c, cpu_ops.c and cpu_attention.c, in the order the model (sut/model.py) runs them. */
+   quant.c, ops.c and attention.c, in the order the model (sut/model.py) runs them. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +21,7 @@ int paged_decode_attention(const float *q, float *out, const int64_t *rows, cons
                            const int32_t *tables, long n, long max_blocks, const float *k_cache,
                            const float *v_cache, long block_size, long heads, long kv_heads, long dim, float scale);
 
-/* One linear layer's blocks (cpu_quant.py's BlockWeights; for int16, its int16_layout). */
+/* One linear layer's blocks (quant.py's BlockWeights; for int16, its int16_layout). */
 struct linear {
     int kind; /* 0 Q4_1, 1 Q8_0, 2 Q4_1 with int16 inputs, 3 Q8_0 with int16 inputs */
     const uint8_t *codes;
@@ -83,7 +83,7 @@ static int layer_mlp(const float *attn, const struct linear *o, const float *res
     return rc;
 }
 
-/* One decoder layer's weights and cache (cpu_layer.py's LayerWeights). */
+/* One decoder layer's weights and cache (layer.py's LayerWeights). */
 struct layer {
     struct linear qkv, o, gate_up, down;
     const float *input_norm, *post_attention_norm;

@@ -1,4 +1,4 @@
-"""The CPU engine's C kernels (cpu_quant.c, cpu_attention.c, cpu_ops.c, cpu_layer.c), built with the system's C compiler
+"""The CPU engine's C kernels (quant.c, attention.c, ops.c, layer.c), built with the system's C compiler
 on first use, once per instruction-set level, and cached under $SAAF_CACHE/build.
 
 Levels, lowest first: `portable` (plain C with the compiler's vectors; any CPU and compiler, ARM
@@ -22,7 +22,7 @@ from sut.errors import ConfigError
 
 LEVELS = ("portable", "avx2", "avx512")  # lowest first; the C side reports its level as the index
 ISA_ENV = "SAAF_CPU_ISA"
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_quant.c", "cpu_attention.c", "cpu_ops.c", "cpu_layer.c")]
+SOURCES = [Path(__file__).with_name(name) for name in ("quant.c", "attention.c", "ops.c", "layer.c")]
 CFLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-Wno-psabi"]
 LEVEL_FLAGS = {
     "portable": [],
@@ -76,7 +76,7 @@ def hold_onednn_to_forced_level() -> None:
 hold_onednn_to_forced_level()
 
 
-def machine_description() -> str:
+def cpu_description() -> str:
     """The CPU, its cores and the kernel level the engine takes here, for run records."""
     model = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
                  platform.processor() or platform.machine())
@@ -151,7 +151,7 @@ def _load(level: str) -> ctypes.CDLL | None:
         try:
             _libraries[level] = _build(level)
         except (OSError, RuntimeError) as e:
-            warnings.warn(f"sut.cpu_build: the {level} C kernels are unavailable ({e})")
+            warnings.warn(f"sut.cpu.build: the {level} C kernels are unavailable ({e})")
             _libraries[level] = None
     return _libraries[level]
 

@@ -1,4 +1,4 @@
-/* Linear layers on CPU straight from GGUF's block-quantized weights (see cpu_quant.py).
+/* Linear layers on CPU straight from GGUF's block-quantized weights (see quant.py).
 
    y[M, N] = x[M, K] @ W^T, with W [N, K] stored as blocks of 32 along K:
      Q4_1: w = d * q + m, q in 0..15 (byte j of a block holds element j in its low nibble and
@@ -14,7 +14,7 @@
    - int16 activations (`*_matmul_i16`, the engine setting int16_activations): each input row is
      rounded to int16 per block of 32 and multiplied with the integer codes exactly in int32.
 
-   This file is compiled once per instruction-set level (cpu_build.py): AVX-512 (with VNNI), AVX2
+   This file is compiled once per instruction-set level (build.py): AVX-512 (with VNNI), AVX2
    (with FMA) and portable C for any compiler and CPU, ARM included. Each level computes the same
    products; the portable code is also the plain statement of what the others do. */
 #include <stdint.h>
@@ -32,7 +32,7 @@
 
 #define QK 32 /* weights per block */
 
-/* 2 = AVX-512, 1 = AVX2, 0 = portable: what this build was compiled for (cpu_build.py checks it). */
+/* 2 = AVX-512, 1 = AVX2, 0 = portable: what this build was compiled for (build.py checks it). */
 int cpu_kernels_level(void) {
 #if defined(LEVEL_AVX512)
     return 2;
@@ -269,7 +269,7 @@ int q8_0_matmul(const float *x, const uint8_t *qs, const float *d, float *y, lon
    most s/2 per element, 2^-16 of its block's largest, ~128x finer than bf16.
 
    Weights come pre-arranged per group of 16 output rows (BlockWeights.int16_layout in
-   cpu_quant.py), per block of 32 columns: Q4_1 as 4 chunks of 64 bytes, chunk c holding for
+   quant.py), per block of 32 columns: Q4_1 as 4 chunks of 64 bytes, chunk c holding for
    each row n and half h (byte offset 4n + 2h) one little-endian uint16 whose nibble t is the
    code of column 2(4c + t) + h; Q8_0 as 16 chunks of 32 bytes, chunk j holding int8 codes of
    columns 2j + h at offset 2n + h. d and m are fp32 [groups][blocks][16]. So one lane of a vector

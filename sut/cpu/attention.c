@@ -1,9 +1,9 @@
-/* Decode attention on CPU over the paged KV cache, read in place (see cpu_attention.py).
+/* Decode attention on CPU over the paged KV cache, read in place (see ops.py).
 
    One query token per sequence attends to all `seq_lens[i]` cached tokens of its sequence, found
    through its block table; the query heads that share a KV head are done together, so each cached
    key and value is read once. Softmax in fp32 as SDPA's: scores scaled, max subtracted, exp,
-   normalized at the end. Compiled per instruction-set level as cpu_quant.c is: AVX-512
+   normalized at the end. Compiled per instruction-set level as quant.c is: AVX-512
    intrinsics, or the compiler's vectors of VW floats (AVX2, and portable C for any CPU). Needs a
    head size that is a multiple of 16 (the caller checks `decode_attention_available`). */
 #include <math.h>
@@ -98,7 +98,7 @@ static inline float hsum(vf v) {
     return s;
 }
 
-void exp_nonpositive_f32(float *p, long n); /* cpu_ops.c */
+void exp_nonpositive_f32(float *p, long n); /* ops.c */
 
 /* One (sequence, KV head): `group` query heads `qh` over `len` cached tokens -> `o`. */
 static inline __attribute__((always_inline)) void attend(const float *qh, float *o, const int32_t *table, long len,

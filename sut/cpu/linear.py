@@ -55,7 +55,7 @@ def pack_linears(model: nn.Module) -> int:
     if not _warned_bf16 and any(isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16 for m in model.modules()) \
             and torch.bfloat16 not in dtypes:
         _warned_bf16 = True
-        warnings.warn("sut.cpu_linear: oneDNN has no bf16 path on this CPU (it needs AVX-512 BW/VL/DQ or "
+        warnings.warn("sut.cpu.linear: oneDNN has no bf16 path on this CPU (it needs AVX-512 BW/VL/DQ or "
                       "AVX-NE-CONVERT); bf16 linears run on torch's own bf16 GEMM, unpacked and slower")
     for name, linear in targets:
         parent, _, leaf = name.rpartition(".")

@@ -1,4 +1,4 @@
-"""The CPU engine's ops: kernels.KernelOps computed by the C kernels (cpu_ops.c, cpu_attention.c)
+"""The CPU engine's ops: kernels.KernelOps computed by the C kernels (ops.c, attention.c)
 for fp32 tensors, each falling back to the PyTorch reference otherwise.
 
 - RMSNorm (with its residual add), rope, the KV-cache write and SiLU-and-mul: one C call each
@@ -14,12 +14,11 @@ from functools import partial
 
 import torch
 
-from kernels import TORCH_OPS, KernelOps, paged_attention
+from kernels import KernelOps, paged_attention
 from kernels.activation import silu_and_mul_reference
 from kernels.kv_cache import store_kvcache_reference
 from kernels.rms_norm import add_rms_norm_reference, rms_norm_reference
 from kernels.rotary import rotary_reference
-from sut.cpu_build import library
 
 F32 = torch.float32
 
@@ -88,7 +87,7 @@ def decode_attention_c(q: torch.Tensor, out: torch.Tensor, group, k_cache: torch
         len(group.q_rows), group.tables.shape[1], k_cache.data_ptr(), v_cache.data_ptr(), block_size, q.shape[1],
         kv_heads, dim, scale)
     if rc != 0:
-        raise RuntimeError(f"cpu_ops: paged_decode_attention failed with code {rc}")
+        raise RuntimeError(f"sut.cpu.ops: paged_decode_attention failed with code {rc}")
 
 
 def paged_attention_c(q, k, v, k_cache, v_cache, meta, scale, lib):
@@ -98,12 +97,8 @@ def paged_attention_c(q, k, v, k_cache, v_cache, meta, scale, lib):
     return paged_attention(q, k, v, k_cache, v_cache, meta, scale, decode_kernel=partial(decode_attention_c, lib=lib))
 
 
-def cpu_ops(lib=None) -> KernelOps:
-    """The C ops of `lib` (default: the engine's level, sut.cpu_build.library()), or TORCH_OPS
-    when the kernels cannot be built here."""
-    lib = lib or library()
-    if lib is None:
-        return TORCH_OPS
+def c_ops(lib) -> KernelOps:
+    """The op set on the C kernels `lib` (sut.cpu.build.library())."""
     return KernelOps(f"torch+c-{lib.level}", partial(rms_norm_c, lib=lib), partial(add_rms_norm_c, lib=lib),
                      partial(rotary_c, lib=lib), partial(store_kvcache_c, lib=lib),
                      partial(paged_attention_c, lib=lib), partial(silu_and_mul_c, lib=lib))

@@ -1,4 +1,4 @@
-"""A decode step's decoder layers on CPU in one call (cpu_layer.c's `decode_layers`): per layer
+"""A decode step's decoder layers on CPU in one call (layer.c's `decode_layers`): per layer
 the residual add and RMSNorm, q/k/v from the GGUF blocks, rope, the KV-cache write, decode
 attention over the paged cache, o_proj, residual add and RMSNorm, gate/up, SiLU-and-mul, down.
 
@@ -6,7 +6,7 @@ At decode batch sizes a step's arithmetic is a few milliseconds and the ~14 PyTo
 layer of sut/model.py's path cost as much again. This path is for the steps in which every
 sequence decodes one token and every linear computes from its blocks (BlockQuantLinear's row
 limit), in fp32 without biases; it runs the same kernels in the same order as the model's path
-with the C ops (sut/cpu_ops.py). Every other step takes the model's own path."""
+with the C ops (sut/cpu/ops.py). Every other step takes the model's own path."""
 
 import ctypes
 
@@ -14,11 +14,11 @@ import torch
 from torch import nn
 
 from kernels import AttentionMetadata
-from sut.cpu_quant import BlockQuantLinear
+from sut.cpu.quant import BlockQuantLinear
 
 
 class LinearBlocks(ctypes.Structure):
-    """cpu_layer.c's `struct linear`."""
+    """layer.c's `struct linear`."""
 
     _fields_ = [("kind", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
                 ("rows", ctypes.c_long), ("cols", ctypes.c_long)]
@@ -32,7 +32,7 @@ class LinearBlocks(ctypes.Structure):
 
 
 class LayerWeights(ctypes.Structure):
-    """cpu_layer.c's `struct layer`."""
+    """layer.c's `struct layer`."""
 
     _fields_ = [("qkv", LinearBlocks), ("o", LinearBlocks), ("gate_up", LinearBlocks), ("down", LinearBlocks),
                 ("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p),
@@ -65,7 +65,7 @@ class CpuDecoder:
     @staticmethod
     def applies(model: nn.Module) -> bool:
         """Every layer's linears compute from their blocks, without biases, at one row or more (at
-        some levels the exact Q4_1 kernel is slower than oneDNN at any size: cpu_quant.py)."""
+        some levels the exact Q4_1 kernel is slower than oneDNN at any size: quant.py)."""
         return all(isinstance(linear, BlockQuantLinear) and linear.bias is None and linear.block_rows > 0
                    for layer in model.model.layers for linear in _linears(layer))
 
@@ -86,5 +86,5 @@ class CpuDecoder:
             meta.block_tables.data_ptr(), meta.block_tables.shape[1], self.block_size, n, heads, kv_heads, dim,
             self.eps, self.scale)
         if rc:
-            raise RuntimeError(f"cpu_layer: decode_layers failed with code {rc}")
+            raise RuntimeError(f"sut.cpu.layer: decode_layers failed with code {rc}")
         return model.model.norm(out, residual, model.ops)[0]

@@ -1,4 +1,4 @@
-/* The CPU engine's elementwise ops in fp32 (see cpu_ops.py): RMSNorm with the residual add before
+/* The CPU engine's elementwise ops in fp32 (see ops.py): RMSNorm with the residual add before
    it, rotary embedding, the KV-cache write and SiLU-and-multiply. Each replaces several PyTorch
    calls per layer, whose dispatch costs more than the arithmetic at decode batch sizes. Plain C
    loops that compilers vectorize at every instruction-set level; numerics as the PyTorch
@@ -31,7 +31,7 @@ static inline v8f exp8(v8f x) {
     return (v8f)((v8i)y & ~tiny);
 }
 
-/* p[i] = exp(p[i]) for p[i] <= 0. Used by the softmax of cpu_attention.c too. */
+/* p[i] = exp(p[i]) for p[i] <= 0. Used by the softmax of attention.c too. */
 void exp_nonpositive_f32(float *p, long n) {
     long i = 0;
     for (; i + 8 <= n; i += 8) {

@@ -1,20 +1,22 @@
 """Small-batch CPU linears computed from the checkpoint's GGUF blocks (Q4_1 and Q8_0).
 
 The demo model comes as a GGUF file whose linear layers are Q4_1 and whose embedding (tied to
-the LM head) is Q8_0; `sut.convert_gguf` writes the fp32 checkpoint from them and keeps the raw
-blocks beside it in GGUF_BLOCKS_FILE. Rebuilt in fp32, a block gives back the checkpoint's
-weights bit for bit (checked at load), so computing from the blocks changes only the order of
-the sums, as any other GEMM would. What changes is the bytes read: a decode step is bound by
-reading the weights, and the blocks are 6.4x (Q4_1) and 3.8x (Q8_0) smaller than fp32.
+the LM head) is Q8_0; `sut.cpu.convert_gguf` writes the fp32 checkpoint from them and keeps the
+raw blocks beside it in GGUF_BLOCKS_FILE, in a subfolder so that the loader, which takes the
+folder's own `*.safetensors` for the checkpoint, never reads them as a shard. Rebuilt in fp32, a
+block gives back the checkpoint's weights bit for bit (checked at load), so computing from the
+blocks changes only the order of the sums, as any other GEMM would. What changes is the bytes
+read: a decode step is bound by reading the weights, and the blocks are 6.4x (Q4_1) and 3.8x
+(Q8_0) smaller than fp32.
 
-The kernels (cpu_quant.c) are built by sut.cpu_build for the CPU's instruction-set level
+The kernels (quant.c) are built by sut.cpu.build for the CPU's instruction-set level
 (AVX-512, AVX2 or portable C). Their compute is fp32 FMA, so for more than BLOCK_ROWS_MAX rows
 oneDNN's packed fp32 GEMM is faster and each layer switches to it. Without a compiler the engine
 runs the fp32 path alone.
 
-The engine setting int16_activations trades exactness for speed: the inputs are rounded to int16
+The engine setting cpu.int16_activations trades exactness for speed: the inputs are rounded to int16
 per block of 32 and multiplied with the codes in exact integer sums (AVX512-VNNI's vpdpwssd,
-AVX2's vpmaddwd; cpu_quant.c says how, and how large the error can be).
+AVX2's vpmaddwd; quant.c says how, and how large the error can be).
 """
 
 import json
@@ -25,10 +27,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from sut.cpu_build import library
+from sut.cpu.build import library
 from sut.errors import CheckpointError
-from sut.loader import GGUF_BLOCKS_FILE, checkpoint_layout
+from sut.loader import checkpoint_layout
 from sut.model import FusedLinear
+
+GGUF_BLOCKS_FILE = "cpu/gguf-blocks.safetensors"  # in the model folder
 
 BLOCK = 32  # weights per block in both formats
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
@@ -85,7 +89,7 @@ class BlockWeights:
         return self.qs.view(torch.int8).view(rows, cols)
 
     def int16_layout(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """The codes and scales arranged for the int16 kernels (cpu_quant.c), built once: rows in
+        """The codes and scales arranged for the int16 kernels (quant.c), built once: rows in
         groups of 16 (padded with zeros to a multiple of 32), per group and block the codes of each
         k-pair as 16 lanes (one per row) of two values, and d, m as [groups, blocks, 16]."""
         if self._int16 is None:
@@ -109,8 +113,8 @@ class BlockWeights:
         return self._int16
 
     def matmul_int16(self, x: torch.Tensor, lib=None) -> torch.Tensor:
-        """`x [M, cols] @ W^T` with `x` rounded to int16 per block of 32 (cpu_quant.c says how), on
-        the kernels `lib` (default: the engine's, sut.cpu_build.library())."""
+        """`x [M, cols] @ W^T` with `x` rounded to int16 per block of 32 (quant.c says how), on
+        the kernels `lib` (default: the engine's, sut.cpu.build.library())."""
         rows, cols = self.shape
         codes, d, m = self.int16_layout()
         y = torch.empty(x.shape[0], rows)
@@ -121,7 +125,7 @@ class BlockWeights:
         else:
             rc = lib.q8_0_matmul_i16(x.data_ptr(), codes.data_ptr(), d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
         if rc != 0:
-            raise RuntimeError(f"cpu_quant: {self.format} int16 kernel failed with code {rc}")
+            raise RuntimeError(f"sut.cpu.quant: {self.format} int16 kernel failed with code {rc}")
         return y
 
     def matmul(self, x: torch.Tensor, lib=None) -> torch.Tensor:
@@ -135,7 +139,7 @@ class BlockWeights:
         else:
             rc = lib.q8_0_matmul(x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
         if rc != 0:
-            raise RuntimeError(f"cpu_quant: {self.format} kernel failed with code {rc}")
+            raise RuntimeError(f"sut.cpu.quant: {self.format} kernel failed with code {rc}")
         return y
 
 
@@ -146,7 +150,7 @@ class BlockQuantLinear(nn.Module):
     (`dense`, packed for oneDNN by the runner), which it drops on a level where the blocks take
     every batch. `block_rows`: up to how many rows it takes its own kernel (int16 or exact; what
     the one-call decode layers run). `lib`: the kernels (default: the engine's level,
-    sut.cpu_build.library())."""
+    sut.cpu.build.library())."""
 
     def __init__(self, dense: nn.Linear, blocks: BlockWeights, int16: bool = False, lib=None):
         super().__init__()
@@ -227,9 +231,12 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path, int16: bool = False
     return count
 
 
-def write_gguf_blocks(tensors: dict[str, tuple[torch.Tensor, str]], path: Path) -> None:
-    """Write {checkpoint name: (raw uint8 blocks, format)} as GGUF_BLOCKS_FILE (used by convert_gguf)."""
+def write_gguf_blocks(tensors: dict[str, tuple[torch.Tensor, str]], folder: Path) -> None:
+    """Write {checkpoint name: (raw uint8 blocks, format)} as the model folder's GGUF_BLOCKS_FILE (for
+    convert_gguf)."""
     from safetensors.torch import save_file
 
+    path = Path(folder) / GGUF_BLOCKS_FILE
+    path.parent.mkdir(exist_ok=True)
     save_file({n: raw.contiguous() for n, (raw, _) in tensors.items()}, str(path),
               metadata={"formats": json.dumps({n: fmt for n, (_, fmt) in tensors.items()})})
