@@ -100,15 +100,15 @@ def test_a_bad_sample_is_reported_and_the_run_ends(tiny_llama, prompts, tmp_path
 
 def test_an_engine_failure_fails_its_requests_and_the_run_ends(tiny_llama, prompts, tmp_path):
     engine = LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=8)
-    run, calls = engine.runner.run, []
+    execute, calls = engine.runner.execute, []
 
-    def flaky(batch):
-        calls.append(len(batch))
+    def flaky(step):
+        calls.append(step.num_tokens)
         if len(calls) == 3:
             raise RuntimeError("device lost")
-        return run(batch)
+        return execute(step)
 
-    engine.runner.run = flaky
+    engine.runner.execute = flaky
     errors = run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.AccuracyOnly,
                          engine=engine, min_query_count=NUM_SAMPLES)
     logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
@@ -144,15 +144,15 @@ def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tin
     [token, EOS]: LoadGen logs no error and TEST06 passes. With min_tokens 0 the answer is [EOS]
     alone, and LoadGen (token latencies on) logs an error for it and records a negative TPOT."""
     engine = LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_seqs=32)
-    run = engine.runner.run
+    execute = engine.runner.execute
 
-    def eos_first(batch):
-        logits, seqs = run(batch)
-        if len(seqs):
+    def eos_first(step):
+        logits = execute(step)
+        if len(logits):
             logits[:, 2] = logits.max() + 100.0  # EOS (id 2 in the tiny config) above every other token
-        return logits, seqs
+        return logits
 
-    engine.runner.run = eos_first
+    engine.runner.execute = eos_first
     assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
                            engine=engine, params=SamplingParams(max_tokens=128, min_tokens=min_tokens), server_target_qps=100,
                            min_duration_ms=0, min_query_count=NUM_SAMPLES, ttft_latency=2_000_000_000,
