@@ -1,5 +1,5 @@
 """The llama2-70b-99.9 dataset: MLPerf's OpenOrca pickle, converted once into the cnn_eval.json form
-that `harness.dataset.load_cnn_eval` reads, so that no pickle is loaded at run time.
+that `accuracy.dataset.load_cnn_eval` reads, so that no pickle is loaded at run time.
 
     python -m harness.openorca convert --pickle open_orca_gpt4_tokenized_llama.sampled_24576.pkl \\
         --out open_orca_24576.json [--trust-pickle]
