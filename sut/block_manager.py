@@ -55,6 +55,8 @@ class BlockManager:
     def allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Give `seq` the blocks to hold `num_new_tokens` more tokens; False, changing nothing, when
         too few are free."""
+        if seq.num_computed_tokens + num_new_tokens <= len(seq.block_table) * self.block_size:
+            return True  # they fit its blocks (most decodes): the scheduler's hot path, kept short
         needed = self.blocks_needed(seq, num_new_tokens)
         if needed > len(self.free_block_ids):
             return False

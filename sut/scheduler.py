@@ -94,9 +94,7 @@ class Scheduler:
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
             n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1
-            # (most decodes fit their new token in their last block: no call to the block manager)
-            fits = not prefill and seq.num_computed_tokens < len(seq.block_table) * self.block_manager.block_size
-            while not fits and not self.block_manager.allocate(seq, n):
+            while not self.block_manager.allocate(seq, n):
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
                 self.preempt(victim)
