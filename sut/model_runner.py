@@ -73,16 +73,14 @@ class ModelRunner:
                                                                                            seq_lens.tolist())),
                                 np.int64, num_tokens)
         token_seq = np.repeat(np.arange(num_seqs), query_lens)  # the sequence of each token row
-        positions = np.arange(num_tokens) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
+        positions = np.repeat(starts, query_lens) + _ranks(query_lens)
         rows = np.fromiter((s.block_row for s in seqs), np.int64, num_seqs)
         width = max(len(s.block_table) for s in seqs)
         block_tables = batch.block_tables[rows, :width]
         slots = block_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
         # Each sequence's wanted rows are its last num_logits tokens.
         num_logits = np.array(batch.num_logits, dtype=np.int64)
-        first_rows = np.repeat(cu_seqlens[1:] - num_logits, num_logits)
-        logits_indices = first_rows + np.arange(int(num_logits.sum())) - np.repeat(np.cumsum(num_logits) - num_logits,
-                                                                                     num_logits)
+        logits_indices = np.repeat(cu_seqlens[1:] - num_logits, num_logits) + _ranks(num_logits)
         return StepInput(
             input_ids=self._to_device(input_ids), positions=self._to_device(positions),
             slot_mapping=self._to_device(slots), block_tables=self._to_device(block_tables),
@@ -111,3 +109,8 @@ class ModelRunner:
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., c - 1 for each count c, one after the other: [2, 3] -> [0, 1, 0, 1, 2]."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
