@@ -2,7 +2,8 @@
 activation), each as a PyTorch reference and (all but the activation) as our Triton kernel, one
 concept per module: rms_norm, rotary, kv_cache, decode_attention, prefill_attention, activation;
 attention holds the step's metadata and the paged-attention op
-the model calls (the CPU one, and the dispatch to the decode or prefill kernel). checks.py runs
+the model calls (the CPU one, and the dispatch to the decode or prefill kernel); rejection_sample
+is speculative decoding's verifier (exact rejection sampling of draft tokens). checks.py runs
 each kernel against its reference (for the tests and gpu_check.py, `make gpu-check`).
 
 The model calls only the `KernelOps` set that `select_ops` picks, so the backend switch lives in one
@@ -17,6 +18,7 @@ from typing import Callable
 from kernels.activation import silu_and_mul_reference
 from kernels.attention import AttentionMetadata, paged_attention, paged_attention_triton
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
+from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 from kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
 from kernels.rotary import rotary_reference, rotary_triton
 from kernels.triton_utils import interpreting
@@ -59,4 +61,5 @@ def select_ops(device_type: str, setting: str = "auto", cpu_ops: KernelOps | Non
     return TORCH_OPS
 
 
-__all__ = ["AttentionMetadata", "KernelOps", "TORCH_OPS", "TRITON_OPS", "paged_attention", "select_ops"]
+__all__ = ["AttentionMetadata", "KernelOps", "TORCH_OPS", "TRITON_OPS", "paged_attention", "rejection_sample_reference",
+           "rejection_sample_triton", "select_ops"]

@@ -3,7 +3,8 @@ Triton's interpreter, small shapes) and `python -m kernels.gpu_check` (CUDA, lar
 
 Every `check_*` returns `(got, want)` in fp32: `got` from the kernel on inputs of the given dtype,
 `want` from the reference on fp32 copies of the same (already rounded) inputs, so the difference is
-the kernel's own rounding. `assert_close` applies the tolerance of the dtype."""
+the kernel's own rounding. `assert_close` applies the tolerance of the dtype. The exception is the
+rejection sampler, whose outputs are token ids: they must be equal."""
 
 import itertools
 
@@ -12,6 +13,7 @@ import torch
 from kernels.decode_attention import decode_attention_reference, decode_attention_triton
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
 from kernels.prefill_attention import prefill_attention_reference, prefill_attention_triton
+from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 from kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
 from kernels.rotary import rotary_reference, rotary_triton
 
@@ -27,6 +29,9 @@ TOLERANCES = {
 
 
 def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what: str = "") -> None:
+    if not got.is_floating_point():  # token ids
+        assert torch.equal(got, want), f"{what}: {int((got != want).sum())} of {got.numel()} differ"
+        return
     atol, rtol = TOLERANCES[dtype]
     assert not got.isnan().any(), f"{what}: NaN in the kernel's output"
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{what} ({dtype}): {m}")
@@ -148,3 +153,61 @@ def attention_flops(query_lens: list[int], seq_lens: list[int], num_q_heads: int
     visible = sum(q * (s - q) + q * (q + 1) / 2 for q, s in zip(query_lens, seq_lens))
     return 4.0 * visible * num_q_heads * head_dim
 
+
+def dyadic_probs(logits: torch.Tensor) -> torch.Tensor:
+    """softmax(logits) rounded down to multiples of 2^-22: each row's mass is at most 1, so every
+    partial sum, in any order, is exact in fp32, and the rejection sampler's kernel and reference
+    draw the same tokens (their summation orders differ)."""
+    return torch.floor(logits.float().softmax(-1) * 2.0 ** 22) / 2.0 ** 22
+
+
+def random_rejection_batch(num_drafts: list[int], greedy: list[bool], vocab: int, with_draft_probs: bool, device,
+                           generator: torch.Generator, extra_slots: int = 1, exact_sums: bool = True) -> dict:
+    """Arguments of `rejection_sample_*` for sequences with these draft counts and greedy flags:
+    target rows with a third of the vocabulary masked out (as top-k/top-p leave them), draft rows
+    near them with masks of their own, drafts mostly sampled from q (from p without q; greedy ones
+    q's argmax) so that runs of accepts happen, and the rest uniformly random tokens (which
+    may lie outside q's or p's support). Some uniforms are 0 or the largest fp32 below 1.
+    `exact_sums`: dyadic probabilities (`dyadic_probs`), else plain softmax ones (see
+    kernels/rejection_sample.py on rounding)."""
+    g = generator
+    cu = torch.tensor([0, *itertools.accumulate(num_drafts)], dtype=torch.int32)
+    num_seqs, total = len(num_drafts), int(cu[-1])
+    logits = 3 * torch.randn(total + num_seqs, vocab, generator=g)
+    logits[torch.rand(logits.shape, generator=g) < 1 / 3] = float("-inf")
+    logits[:, 0] = 0.0  # every row keeps some mass
+    probs = dyadic_probs if exact_sums else (lambda x: x.softmax(-1))
+    target_probs = probs(logits)
+    target_argmax = logits.argmax(-1)
+    # Row of the target that scores each draft: cu[i] + i + j.
+    seq_of_draft = torch.repeat_interleave(torch.arange(num_seqs), torch.tensor(num_drafts, dtype=torch.int64))
+    scored_row = torch.arange(total) + seq_of_draft
+    draft_logits = logits[scored_row].clamp(min=-4) + torch.randn(total, vocab, generator=g)
+    draft_logits[torch.rand(draft_logits.shape, generator=g) < 1 / 6] = float("-inf")
+    draft_logits[:, 1] = 0.0
+    draft_probs = probs(draft_logits)
+    sampled_from = draft_probs if with_draft_probs else target_probs[scored_row]
+    drafts = torch.multinomial(sampled_from, 1, generator=g).flatten() if total else torch.zeros(0, dtype=torch.int64)
+    is_greedy = torch.tensor(greedy, dtype=torch.bool)
+    drafts = torch.where(is_greedy[seq_of_draft], draft_logits.argmax(-1), drafts)  # a greedy draft model
+    random_token = torch.rand(total, generator=g) < 1 / 8
+    drafts = torch.where(random_token, torch.randint(0, vocab, (total,), generator=g), drafts)
+    accept_uniforms = torch.rand(total, generator=g)
+    sample_uniforms = torch.rand(num_seqs, generator=g)
+    largest_below_1 = 1 - 2.0 ** -24
+    accept_uniforms[::7], sample_uniforms[::5] = largest_below_1, largest_below_1
+    accept_uniforms[3::7], sample_uniforms[2::5] = 0.0, 0.0
+    args = dict(cu_num_draft=cu, draft_token_ids=drafts, draft_probs=draft_probs if with_draft_probs else None,
+                target_probs=target_probs, target_argmax=target_argmax, is_greedy=is_greedy,
+                accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms)
+    args = {k: v.to(device) if v is not None else None for k, v in args.items()}
+    return args | dict(max_num_draft=max(num_drafts, default=0) + extra_slots)
+
+
+def check_rejection_sample(num_drafts: list[int], greedy: list[bool], vocab: int, with_draft_probs: bool, device,
+                           seed: int = 0, exact_sums: bool = True, **launch):
+    """Kernel and reference on `random_rejection_batch`: token ids (int64), which must be equal.
+    `launch`: block_v for the launcher."""
+    g = torch.Generator().manual_seed(seed)
+    args = random_rejection_batch(num_drafts, greedy, vocab, with_draft_probs, device, g, exact_sums=exact_sums)
+    return rejection_sample_triton(**args, **launch), rejection_sample_reference(**args)

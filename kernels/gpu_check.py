@@ -1,8 +1,9 @@
 """`make gpu-check`: on a CUDA machine, compile and test every Triton kernel against its PyTorch
-reference, then benchmark decode attention (batch 1..256, context 512..8192: GB/s of K/V read, its
-ratio to the card's peak HBM bandwidth, and its speed against torch's scaled_dot_product_attention
-on the same data laid out contiguously) and prefill attention (TFLOP/s against the card's dense
-bf16 peak). Writes results.json and results.md to --out. Without a GPU it says so and exits 0.
+reference (the rejection sampler's token ids exactly), then benchmark decode attention (batch
+1..256, context 512..8192: GB/s of K/V read, its ratio to the card's peak HBM bandwidth, and its
+speed against torch's scaled_dot_product_attention on the same data laid out contiguously) and
+prefill attention (TFLOP/s against the card's dense bf16 peak). Writes results.json and
+results.md to --out. Without a GPU it says so and exits 0.
 
     python -m kernels.gpu_check --out build/gpu-check
 """
@@ -20,6 +21,7 @@ from kernels import checks
 from kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, decode_attention_triton
 from kernels.kv_cache import _store_kvcache_kernel
 from kernels.prefill_attention import _find_sequence, _prefill_kernel, prefill_attention_triton
+from kernels.rejection_sample import _block_weights, _rejection_sample_kernel
 from kernels.rms_norm import _rms_norm_kernel
 from kernels.rotary import _rotary_kernel, _rotate_heads
 from kernels.triton_utils import attend_paged_keys
@@ -122,12 +124,26 @@ def check_rotary(device) -> list[dict]:
             for dtype in DTYPES for hq, hkv, hd in ((32, 8, 128), (64, 8, 128), (9, 3, 64))]
 
 
+def check_rejection_sample(device) -> list[dict]:
+    """Llama 3's vocabulary, 256 sequences (a quarter greedy) of 4 drafts each or of 0..4; the
+    token ids must be equal (dyadic probabilities: see kernels/rejection_sample.py)."""
+    greedy = [i % 4 == 0 for i in range(256)]
+    results = []
+    for with_draft_probs in (True, False):
+        for name, num_drafts in (("k=4", [4] * 256), ("k=0..4", [i % 5 for i in range(256)])):
+            case = f"rejection sample batch=256 {name} vocab=128256 {'draft probs' if with_draft_probs else 'n-gram'}"
+            results.append(_run_case(case, torch.float32, lambda: checks.check_rejection_sample(
+                num_drafts, greedy, 128256, with_draft_probs, device)))
+    return results
+
+
 CHECKS = [
     ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel, attend_paged_keys]),
     ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, attend_paged_keys]),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
     ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),
+    ("rejection sampler", check_rejection_sample, [_rejection_sample_kernel, _block_weights]),
 ]
 
 

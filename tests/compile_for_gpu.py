@@ -21,12 +21,13 @@ from triton.compiler import ASTSource  # noqa: E402
 import kernels.decode_attention  # noqa: E402
 import kernels.kv_cache  # noqa: E402
 import kernels.prefill_attention  # noqa: E402
+import kernels.rejection_sample  # noqa: E402
 import kernels.rms_norm  # noqa: E402
 import kernels.rotary  # noqa: E402
 from kernels import checks  # noqa: E402
 
 POINTER_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
-                 torch.int64: "*i64"}
+                 torch.int64: "*i64", torch.bool: "*u1"}
 TARGET = GPUTarget("cuda", int(os.environ.get("SAAF_COMPILE_ARCH", "90")), 32)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 compiled: set[tuple] = set()
@@ -48,8 +49,10 @@ class CompileInsteadOfLaunch:
         signature, constexprs = {}, {}
         for param in fn.params:
             value = values[param.name]
-            # As the JIT does: constexpr parameters, and integer arguments equal to 1, are constants.
-            if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            # As the JIT does: constexpr parameters, and integer arguments equal to 1 (unless marked
+            # do_not_specialize), are constants.
+            if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1
+                                      and not param.do_not_specialize):
                 signature[param.name], constexprs[param.name] = "constexpr", value
             elif isinstance(value, torch.Tensor):
                 signature[param.name] = POINTER_TYPES[value.dtype]
@@ -74,7 +77,7 @@ class CompileInsteadOfLaunch:
 
 def main():
     for module in (kernels.decode_attention, kernels.prefill_attention, kernels.kv_cache, kernels.rms_norm,
-                   kernels.rotary):
+                   kernels.rotary, kernels.rejection_sample):
         source = Path(module.__file__).read_text()
         for name in dir(module):
             # Launched kernels only (`name[grid](...)`); jit helpers they call stay as they are.
@@ -92,6 +95,13 @@ def main():
     checks.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
     for with_residual in (False, True):
         checks.check_rms_norm(3, 4096, dtype, "cpu", with_residual)
+    # The rejection sampler with draft probabilities and without (n-gram drafts); fp32 only. No
+    # drafts at all (max_num_draft 0, an output row stride of 1) must compile to the same kernel.
+    for with_draft_probs in (True, False):
+        checks.check_rejection_sample([0, 4, 2], [False, True, False], 1000, with_draft_probs, "cpu")
+        args = checks.random_rejection_batch([0, 0], [False, True], 1000, with_draft_probs, "cpu",
+                                             torch.Generator().manual_seed(0), extra_slots=0)
+        kernels.rejection_sample.rejection_sample_triton(**args)
     print(f"{len(compiled)} kernel variants compiled for sm_{TARGET.arch}")
 
 
