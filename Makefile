@@ -6,9 +6,10 @@ PY := $(VENV)/bin/python
 export SAAF_CACHE ?= $(HOME)/.cache/saaf-infer
 MODEL_DIR := $(SAAF_CACHE)/models/smollm2-135m-instruct
 DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x128.json
+comma := ,
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup models drafts data test bench run_harness submission gpu-check clean
+.PHONY: setup models drafts data test bench spec-bench run_harness submission gpu-check clean
 
 setup: $(VENV)/.setup-done
 
@@ -30,11 +31,9 @@ $(MODEL_DIR)/.converted: sut/cpu/convert_gguf.py | setup
 	$(PY) -m sut.cpu.convert_gguf --out $(MODEL_DIR)
 
 # Layer-skip drafts of the demo model for speculative decoding: its first N layers, its tokenizer.
-# DRAFT_DIR: the draft that rules running one take (make ... DRAFT_LAYERS=8 for another).
-DRAFT_LAYERS ?= 4
-DRAFT_DIR := $(SAAF_CACHE)/models/smollm2-135m-draft-L$(DRAFT_LAYERS)
+DRAFTS := $(SAAF_CACHE)/models/smollm2-135m-draft-L4 $(SAAF_CACHE)/models/smollm2-135m-draft-L8
 
-drafts: $(SAAF_CACHE)/models/smollm2-135m-draft-L4/config.json $(SAAF_CACHE)/models/smollm2-135m-draft-L8/config.json
+drafts: $(addsuffix /config.json,$(DRAFTS))
 
 $(SAAF_CACHE)/models/smollm2-135m-draft-L%/config.json: $(MODEL_DIR)/.converted sut/make_draft.py
 	$(PY) -m sut.make_draft --target $(MODEL_DIR) --layers $* --out $(@D)
@@ -53,6 +52,10 @@ run_harness: setup models data
 
 bench: setup models
 	$(PY) -m sut.bench --model $(MODEL_DIR) $(BENCH_ARGS)
+
+# Speculative decoding (n-gram; the L4 and L8 drafts) against plain decoding, greedy, batch 1/8/32.
+spec-bench: setup models data drafts
+	$(PY) -m sut.spec_bench --model $(MODEL_DIR) --data $(DEMO_DATA) --drafts $(subst $() ,$(comma),$(DRAFTS)) $(SPEC_BENCH_ARGS)
 
 # Every run of the system's benchmarks and scenarios (performance, accuracy, TEST06), the tree
 # under build/submission/, and our checker over it. SYSTEM names systems/<SYSTEM>.json.

@@ -7,6 +7,9 @@ import json
 from pathlib import Path
 
 MLLOG_MARKER = ":::MLLOG"
+# Written by the harness beside a run's LoadGen logs when the engine speculated: its metrics and
+# a "description" of the proposer (sut.spec_settings.SpeculativeConfig.describe).
+SPEC_METRICS_FILE = "speculative_decoding.json"
 
 
 def read_detail_log(path: Path) -> tuple[dict, list[str]]:

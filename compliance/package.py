@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from compliance import test06
+from compliance.loadgen_logs import SPEC_METRICS_FILE
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
 
@@ -116,6 +117,19 @@ def benchmark_readme(benchmark: str, name: str, system: System) -> str:
             f"# or all of it at once: make submission SYSTEM={system.name} BENCHMARKS={benchmark}\n```\n")
 
 
+def speculation_notes(system: System, benchmarks: list[str], root: Path) -> str:
+    """Which proposer each packaged run speculated with, from what its performance run recorded."""
+    notes = []
+    for benchmark in benchmarks:
+        for scenario in system.scenarios:
+            path = root / "build" / "logs" / system.name / benchmark / scenario / "performance" / SPEC_METRICS_FILE
+            if path.is_file():
+                spec = json.loads(path.read_text())
+                notes.append(f"{benchmark} {scenario}: speculative decoding with {spec['description']}, "
+                             f"acceptance rate {spec['acceptance_rate'] or 0:.3f}")
+    return "; ".join(notes)
+
+
 def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
             root: Path = REPO) -> tuple[Path, list[str]]:
     """Build the tree under `out` from `root`'s systems/, measurements/ and build/logs/ (`root` is
@@ -144,6 +158,9 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
             raise PackagingError(f"{mapping_path} maps {name!r} to {mapping[name]!r}, not to {benchmark!r}")
         if name != benchmark:
             mapping[name] = benchmark
+    speculation = speculation_notes(system, list(names), root)
+    if speculation:
+        description["sw_notes"] = "; ".join(filter(None, [description.get("sw_notes", ""), speculation]))
     (org / "systems").mkdir(parents=True, exist_ok=True)
     (org / "systems" / f"{system.name}.json").write_text(json.dumps(description, indent=2) + "\n")
     for item in SRC_ITEMS:

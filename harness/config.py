@@ -12,7 +12,7 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
-from systems.benchmarks import BENCHMARKS, Benchmark
+from systems.benchmarks import BENCHMARKS, ENTRIES, Benchmark
 from systems.schema import REPO, System, SystemConfigError
 
 
@@ -77,6 +77,22 @@ def check_engine_settings(system: System, scenario: str) -> None:
         raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {scenario}: {e}") from None
 
 
+def check_speculation_allowed(system: System, benchmark: Benchmark, scenario: str) -> None:
+    """MLPerf's closed division allows speculative decoding only where a benchmark's rules name it,
+    and there only with the reference's own head, which no proposer here is."""
+    spec = system.engine_settings(scenario).get("speculative_config")
+    if system.division != "closed" or spec is None:
+        return
+    allowed = ", ".join(f"{b.name} {s}" for b in ENTRIES for s in b.speculative_scenarios)
+    if scenario not in benchmark.speculative_scenarios:
+        raise HarnessConfigError(f"{system.path}: the closed division allows speculative decoding only for {allowed} "
+                                 f"(with the reference's MTP/EAGLE head), but the engine settings for {benchmark.name} "
+                                 f"{scenario} set speculative_config; remove it, or submit in the open division")
+    raise HarnessConfigError(f"{system.path}: the closed division allows speculative decoding for {benchmark.name} "
+                             f"{scenario} only with the reference's MTP/EAGLE head, not with method "
+                             f"{spec.get('method')!r}")
+
+
 def _check_reference(reference: Path, dataset: Path, system: str) -> None:
     """A recorded reference holds only for the dataset file it was recorded on."""
     if not reference.is_file():
@@ -113,6 +129,7 @@ class RunConfig:
         except SystemConfigError as e:
             raise HarnessConfigError(str(e)) from None
         check_engine_settings(sys_config, scenario)
+        check_speculation_allowed(sys_config, BENCHMARKS[benchmark], scenario)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
         reference = sys_config.accuracy_reference

@@ -10,7 +10,7 @@ from tqdm import tqdm
 from accuracy.dataset import load_cnn_eval
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance import test06
-from compliance.loadgen_logs import read_detail_log
+from compliance.loadgen_logs import SPEC_METRICS_FILE, read_detail_log
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from harness.loadgen_sut import EngineSUT, construct_qsl
 
@@ -76,6 +76,12 @@ def run(cfg: RunConfig) -> str:
         bar.close()
     for error in sut.errors:
         print(f"error: {error}")
+    spec = engine.spec_stats()
+    speculation = ""
+    if spec is not None:  # beside LoadGen's logs; the packager names the proposer in the sw_notes
+        (cfg.log_dir / SPEC_METRICS_FILE).write_text(json.dumps(spec, indent=2) + "\n")
+        speculation = (f"; speculation ({spec['description']}): acceptance {spec['acceptance_rate'] or 0:.3f}, "
+                       f"mean accepted length {spec['mean_accepted_length'] or 1:.2f}")
     if cfg.mode == "accuracy":
         from transformers import AutoTokenizer
 
@@ -89,7 +95,7 @@ def run(cfg: RunConfig) -> str:
         failures = check_targets(targets, result)
         verdict = "PASS" if not failures else "FAIL (" + "; ".join(failures) + ")"
         scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
-        return f"{cfg.scenario} accuracy: {verdict}: {scores}; {len(sut.errors)} errors; logs in {cfg.log_dir}"
+        return f"{cfg.scenario} accuracy: {verdict}: {scores}; {len(sut.errors)} errors{speculation}; logs in {cfg.log_dir}"
     detail, _ = read_detail_log(cfg.log_dir / "mlperf_log_detail.txt")
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
@@ -98,7 +104,7 @@ def run(cfg: RunConfig) -> str:
     if ttft is not None and tpot is not None and cfg.scenario != "Offline":
         latency = f", p99 TTFT {ttft / 1e6:.0f} ms, p99 TPOT {tpot / 1e6:.1f} ms"
     return (f"{cfg.scenario} {cfg.mode}: {validity(detail, cfg.mode)}, {tokens_per_s:.1f} tokens/s{latency}; "
-            f"{len(sut.errors)} errors; logs in {cfg.log_dir}")
+            f"{len(sut.errors)} errors{speculation}; logs in {cfg.log_dir}")
 
 
 def validity(detail: dict, mode: str) -> str:

@@ -33,13 +33,14 @@ class KernelOps:
     store_kvcache: Callable  # (k, v, k_cache, v_cache, slot_mapping) -> None
     paged_attention: Callable  # (q, k, v, k_cache, v_cache, meta, scale) -> out
     silu_and_mul: Callable  # (gate_up) -> silu(gate) * up
+    rejection_sample: Callable = rejection_sample_reference  # the verifier of speculative decoding (see its module)
 
 
 TORCH_OPS = KernelOps("torch", rms_norm_reference, add_rms_norm_reference, rotary_reference, store_kvcache_reference,
                       paged_attention, silu_and_mul_reference)
 # silu_and_mul on CUDA: torch's two elementwise kernels (no Triton kernel of ours yet)
 TRITON_OPS = KernelOps("triton", rms_norm_triton, add_rms_norm_triton, rotary_triton, store_kvcache_triton,
-                       paged_attention_triton, silu_and_mul_reference)
+                       paged_attention_triton, silu_and_mul_reference, rejection_sample_triton)
 
 KERNEL_SETTINGS = ("auto", "triton", "torch")
 

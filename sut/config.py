@@ -8,6 +8,7 @@ import torch
 
 from sut.cpu.settings import CpuSettings
 from sut.errors import ConfigError, UnsupportedModelError
+from sut.spec_settings import SpeculativeConfig
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM",)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -144,6 +145,7 @@ class EngineConfig:
     kernels: str = "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"
     seed: int = 0  # for sampled requests without their own seed
     cpu: CpuSettings = CpuSettings()  # the CPU backend's own settings (sut/cpu/settings.py), given as a dict
+    speculative_config: SpeculativeConfig | None = None  # speculative decoding (sut/spec_settings.py), given as a dict
 
     @staticmethod
     def from_kwargs(**kwargs) -> "EngineConfig":
@@ -151,7 +153,8 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ConfigError(f"unknown engine setting(s) {unknown}; known settings: {sorted(known)}")
-        config = EngineConfig(**{**kwargs, "cpu": CpuSettings.from_value(kwargs.get("cpu", {}))})
+        config = EngineConfig(**{**kwargs, "cpu": CpuSettings.from_value(kwargs.get("cpu", {})),
+                                 "speculative_config": SpeculativeConfig.from_value(kwargs.get("speculative_config"))})
         config.validate()
         return config
 
@@ -183,5 +186,7 @@ class EngineConfig:
             raise ConfigError(f"engine setting kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
         if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ConfigError(f"engine setting kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+        if self.speculative_config is not None:
+            self.speculative_config.check_fits(self.max_model_len or 2**31, self.max_num_batched_tokens)
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ConfigError(f"engine setting gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")

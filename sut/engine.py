@@ -16,13 +16,16 @@ from pathlib import Path
 import torch
 
 from sut.block_manager import BlockManager
+from sut.draft_proposer import DraftModelProposer, check_draft_folder
 from sut.config import DTYPES, EngineConfig, ModelConfig
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError
 from sut.model_runner import ModelRunner
+from sut.proposer import NgramProposer
 from sut.sampler import sample
 from sut.sampling_params import SamplingParams
 from sut.scheduler import Scheduler
 from sut.sequence import Sequence
+from sut.verifier import verify
 
 
 @dataclass
@@ -53,6 +56,16 @@ class LLMEngine:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.dtype = mc.dtype if self.config.dtype == "auto" else DTYPES[self.config.dtype]
+        spec = self.config.speculative_config
+        if spec is not None:
+            spec.check_fits(self.max_model_len, self.config.max_num_batched_tokens)
+            if spec.method == "draft_model":  # checked before either model loads
+                draft_folder = Path(spec.model).expanduser()
+                draft_config = check_draft_folder(draft_folder, folder, mc)
+                if draft_config.max_position_embeddings < self.max_model_len:
+                    raise ConfigError(f"engine setting speculative_config.model: the draft {draft_folder} has "
+                                      f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
+                                      f"target's max_model_len={self.max_model_len}")
         self.tokenizer = _load_tokenizer(folder)
         self.eos_token_ids = mc.eos_token_ids
         self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device)
@@ -60,6 +73,12 @@ class LLMEngine:
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
+        self.proposer = None
+        if spec is not None and spec.method == "ngram":
+            self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        elif spec is not None:
+            self.proposer = DraftModelProposer(draft_folder, draft_config, self.config, self.max_model_len, self.dtype,
+                                               self.device, self.runner.num_blocks, self.default_generator)
         self._lock = threading.Lock()
         self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
         self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
@@ -119,11 +138,17 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         finished = self._take_inbox()
         start = time.perf_counter()
+        if self.proposer is not None:
+            self.scheduler.propose(self.proposer)
         batch = self.scheduler.schedule(start)
         if batch:
             step_input = self.runner.prepare(batch)
             logits = self.runner.execute(step_input)
-            sampled = sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)
+            if self.proposer is None:
+                sampled = [[t] for t in sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)]
+            else:
+                sampled = verify(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator,
+                                 self.runner.model.ops.rejection_sample)
             now = time.perf_counter()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
@@ -171,6 +196,16 @@ class LLMEngine:
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
         return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids), text,
                              seq.finish_reason, seq.error, seq.num_preemptions)
+
+    def spec_stats(self) -> dict | None:
+        """Speculative decoding's counts and rates (sut/spec_metrics.py), with the method; None when
+        the engine does not speculate."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        return {"method": spec.method, "description": spec.describe(),
+                "num_speculative_tokens": spec.num_speculative_tokens, "adaptive": spec.adaptive,
+                **self.scheduler.spec_metrics.summary()}
 
     def kv_cache_stats(self) -> dict:
         return {

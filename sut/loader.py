@@ -116,3 +116,50 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = RotaryEmbedding(config, device)
     return model.eval()
+
+
+# A safetensors file copied tensor by tensor, as raw bytes (make_draft's subsets of a checkpoint).
+COPY_CHUNK = 16 << 20  # bytes copied at a time
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """A safetensors file's header ({name: {dtype, shape, data_offsets}, "__metadata__": ...}) and
+    the offset in the file where its tensor data starts."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read its safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: its safetensors header is not a JSON object")
+    return header, 8 + size
+
+
+def copy_tensors(sources: dict[str, Path], dest: Path, metadata: dict[str, str]) -> None:
+    """Write the safetensors file `dest` of the tensors {name: file it is in}, in that order, with
+    `metadata`: the header from the sources' entries, then each tensor's bytes copied in chunks."""
+    headers = {file: read_header(file) for file in set(sources.values())}
+    entries, offset = {}, 0
+    for name, file in sources.items():
+        entry = headers[file][0][name]
+        begin, end = entry["data_offsets"]
+        entries[name] = {"dtype": entry["dtype"], "shape": entry["shape"], "data_offsets": [offset, offset + end - begin]}
+        offset += end - begin
+    header = json.dumps({"__metadata__": metadata, **entries} if metadata else entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # data aligned to 8 bytes, as the safetensors library writes it
+    buffer = memoryview(bytearray(COPY_CHUNK))
+    with open(dest, "wb") as out:
+        out.write(len(header).to_bytes(8, "little"))
+        out.write(header)
+        for name, file in sources.items():
+            begin, end = headers[file][0][name]["data_offsets"]
+            with open(file, "rb") as src:
+                src.seek(headers[file][1] + begin)
+                left = end - begin
+                while left:
+                    n = src.readinto(buffer[:min(left, COPY_CHUNK)])
+                    if not n:
+                        raise CheckpointError(f"{file}: ends inside tensor {name!r} (truncated)")
+                    out.write(buffer[:n])
+                    left -= n

@@ -9,13 +9,13 @@ OUT gets:
                      "target_layers"} saying where it came from (ModelConfig ignores the key)
   model.safetensors  the kept tensors (model.layers.0..N-1, embed_tokens, model.norm, lm_head),
                      their bytes and dtypes as in the target's (single or sharded) checkpoint
-  cpu/gguf-blocks.safetensors  when the target has one: the kept tensors' GGUF blocks and formats,
-                     so the CPU backend computes the draft from them as it does the target
+  cpu/...            the CPU backend's quantized blocks of the kept tensors, when the target has
+                     them (sut/cpu/quant.py), so it computes the draft from them as it does the target
   every other file at the top of the target folder (tokenizer, generation config, chat template,
   vocab/merges...), byte for byte, except weights, index files, checksums and dotfiles (the
   converter's .converted marker).
 
-No SHA256SUMS is written: only sut.cpu.convert_gguf reads one, to skip reconverting its own
+No SHA256SUMS is written: only the demo model's converter reads one, to skip reconverting its own
 folder, and it never reads a draft.
 
 Tensors are copied one at a time, their bytes 16 MB at a time, from the target's files: nothing
@@ -32,64 +32,20 @@ import shutil
 from pathlib import Path
 
 from sut.config import ModelConfig
-from sut.cpu.quant import GGUF_BLOCKS_FILE
-from sut.errors import CheckpointError, ConfigError, SaafError, run_cli
-from sut.loader import tensor_names, weight_files
+from sut.cpu.quant import copy_blocks_of
+from sut.errors import ConfigError, SaafError, run_cli
+from sut.loader import copy_tensors, read_header, tensor_names, weight_files
 
 DRAFT_KEY = "saaf_draft"  # in the draft's config.json
 LAYER = re.compile(r"model\.layers\.(\d+)\.")
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".h5", ".msgpack", ".index.json")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".index.json")
 CHECKSUMS = ("SHA256SUMS", "MD5SUMS", "SHA1SUMS")
-CHUNK = 16 << 20  # bytes copied at a time
 
 
 def kept(name: str, layers: int) -> bool:
     """A tensor the draft keeps: any of the first `layers` decoder layers', and the rest of the model's."""
     match = LAYER.match(name)
     return match is None or int(match.group(1)) < layers
-
-
-def read_header(path: Path) -> tuple[dict, int]:
-    """A safetensors file's header ({name: {dtype, shape, data_offsets}, "__metadata__": ...}) and
-    the offset in the file where its tensor data starts."""
-    try:
-        with open(path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(size))
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path}: cannot read its safetensors header ({e})") from e
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path}: its safetensors header is not a JSON object")
-    return header, 8 + size
-
-
-def copy_tensors(sources: dict[str, Path], dest: Path, metadata: dict[str, str]) -> None:
-    """Write the safetensors file `dest` of the tensors {name: file it is in}, in that order, with
-    `metadata`: the header from the sources' entries, then each tensor's bytes copied in chunks."""
-    headers = {file: read_header(file) for file in set(sources.values())}
-    entries, offset = {}, 0
-    for name, file in sources.items():
-        entry = headers[file][0][name]
-        begin, end = entry["data_offsets"]
-        entries[name] = {"dtype": entry["dtype"], "shape": entry["shape"], "data_offsets": [offset, offset + end - begin]}
-        offset += end - begin
-    header = json.dumps({"__metadata__": metadata, **entries} if metadata else entries, separators=(",", ":")).encode()
-    header += b" " * (-len(header) % 8)  # data aligned to 8 bytes, as the safetensors library writes it
-    buffer = memoryview(bytearray(CHUNK))
-    with open(dest, "wb") as out:
-        out.write(len(header).to_bytes(8, "little"))
-        out.write(header)
-        for name, file in sources.items():
-            begin, end = headers[file][0][name]["data_offsets"]
-            with open(file, "rb") as src:
-                src.seek(headers[file][1] + begin)
-                left = end - begin
-                while left:
-                    n = src.readinto(buffer[:min(left, CHUNK)])
-                    if not n:
-                        raise CheckpointError(f"{file}: ends inside tensor {name!r} (truncated)")
-                    out.write(buffer[:n])
-                    left -= n
 
 
 def is_draft(folder: Path) -> bool:
@@ -128,19 +84,7 @@ def write_draft(target: Path, layers: int, out: Path, config: ModelConfig, raw_c
         metadata.update(read_header(file)[0].get("__metadata__") or {})
     copy_tensors(sources, out / "model.safetensors", metadata or {"format": "pt"})
 
-    blocks = target / GGUF_BLOCKS_FILE
-    if blocks.is_file():
-        tensor_names(target, [blocks])  # a file safetensors cannot read is refused here, by name
-        header, _ = read_header(blocks)
-        meta = dict(header.get("__metadata__") or {})
-        try:
-            formats = json.loads(meta.get("formats", "{}"))
-        except ValueError as e:
-            raise CheckpointError(f"{blocks}: its 'formats' metadata is not JSON ({e})") from e
-        names = [n for n in header if n != "__metadata__" and kept(n, layers)]
-        meta["formats"] = json.dumps({n: formats[n] for n in names if n in formats})
-        (out / GGUF_BLOCKS_FILE).parent.mkdir(parents=True)
-        copy_tensors(dict.fromkeys(names, blocks), out / GGUF_BLOCKS_FILE, meta)
+    copy_blocks_of(target, out, lambda name: kept(name, layers))
 
     for path in sorted(target.iterdir()):
         if path.is_file() and path.name != "config.json" and not is_weight_or_checksum(path.name):

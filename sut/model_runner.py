@@ -13,12 +13,15 @@ from sut.cpu.backend import setup_cpu_backend
 from sut.errors import ConfigError
 from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
+from sut.sequence import Sequence
 from sut.step_input import StepInput
 
 
 class ModelRunner:
     def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None):
+        """`num_blocks`: the KV pool's size (a draft model's runner takes the target's, to share its
+        block tables); by default from the settings or the memory free."""
         self.device = device
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
@@ -30,7 +33,7 @@ class ModelRunner:
             raise ConfigError(f"engine setting {e}") from None
         c = model_config
         self.bytes_per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
-        self.num_blocks = config.num_kv_blocks or self._blocks_from_memory(config, model_config)
+        self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config)
         if self.num_blocks * self.block_size < max_model_len:
             raise ConfigError(
                 f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
@@ -43,7 +46,9 @@ class ModelRunner:
             layer.self_attn.v_cache = self.kv_cache[1, i]
         # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
         # the step's hidden states, or None for a step it does not take.
-        self.cpu_decoder = self.cpu and self.cpu.decoder()
+        # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
+        spec = config.speculative_config
+        self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
 
     def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig) -> int:
         if config.kv_cache_memory_gb is not None:
@@ -59,34 +64,41 @@ class ModelRunner:
         return max(0, int(budget // self.bytes_per_block))
 
     def prepare(self, batch: ScheduledBatch) -> StepInput:
-        """The step input of `batch`, built with array operations (one pass over the sequences to
-        read their state, none over tokens)."""
-        seqs, bs = batch.seqs, self.block_size
-        num_seqs = len(seqs)
-        query_lens = np.array(batch.num_new_tokens, dtype=np.int64)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, num_seqs)
+        """The step input of `batch`: each sequence's uncomputed tokens, then its drafts."""
+        seqs = batch.seqs
+        starts = [s.num_computed_tokens for s in seqs]
+        tokens = [s.token_slice(a, a + n - d) + s.spec_token_ids if d else s.token_slice(a, a + n)
+                  for s, a, n, d in zip(seqs, starts, batch.num_new_tokens, batch.num_draft)]
+        return self.prepare_tokens(seqs, tokens, starts, batch.num_logits, batch.block_tables)
+
+    def prepare_tokens(self, seqs: list[Sequence], tokens: list[list[int]], starts: list[int], num_logits: list[int],
+                       block_tables: np.ndarray) -> StepInput:
+        """The step input that computes `tokens[i]` of `seqs[i]` at positions from `starts[i]` on, in its
+        blocks (rows of `block_tables`), wanting logits of the last `num_logits[i]`; built with array
+        operations (one pass over the sequences, none over tokens)."""
+        bs, num_seqs = self.block_size, len(seqs)
+        query_lens_host = [len(t) for t in tokens]
+        query_lens = np.array(query_lens_host, dtype=np.int64)
+        starts = np.array(starts, dtype=np.int64)
         seq_lens = starts + query_lens
         cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu_seqlens[1:])
-        num_tokens = int(cu_seqlens[-1])
-        input_ids = np.fromiter(chain.from_iterable(s.token_slice(a, b) for s, a, b in zip(seqs, starts.tolist(),
-                                                                                           seq_lens.tolist())),
-                                np.int64, num_tokens)
+        input_ids = np.fromiter(chain.from_iterable(tokens), np.int64, int(cu_seqlens[-1]))
         token_seq = np.repeat(np.arange(num_seqs), query_lens)  # the sequence of each token row
         positions = np.repeat(starts, query_lens) + _ranks(query_lens)
         rows = np.fromiter((s.block_row for s in seqs), np.int64, num_seqs)
         width = max(len(s.block_table) for s in seqs)
-        block_tables = batch.block_tables[rows, :width]
+        block_tables = block_tables[rows, :width]
         slots = block_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
         # Each sequence's wanted rows are its last num_logits tokens.
-        num_logits = np.array(batch.num_logits, dtype=np.int64)
+        num_logits = np.array(num_logits, dtype=np.int64)
         logits_indices = np.repeat(cu_seqlens[1:] - num_logits, num_logits) + _ranks(num_logits)
         return StepInput(
             input_ids=self._to_device(input_ids), positions=self._to_device(positions),
             slot_mapping=self._to_device(slots), block_tables=self._to_device(block_tables),
             cu_seqlens_q=self._to_device(cu_seqlens.astype(np.int32)),
             seq_lens=self._to_device(seq_lens.astype(np.int32)), logits_indices=self._to_device(logits_indices),
-            query_lens_host=batch.num_new_tokens, seq_lens_host=seq_lens.tolist(),
+            query_lens_host=query_lens_host, seq_lens_host=seq_lens.tolist(),
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:

@@ -25,10 +25,11 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """The distribution a sampled token is drawn from: softmax(logits / T) restricted to the top-k
-    tokens and to the smallest set of top tokens whose probability reaches top_p."""
+    tokens and to the smallest set of top tokens whose probability reaches top_p (over the last
+    dimension: one row, or the rows of one request)."""
     logits = logits.float() / temperature
     if 0 < top_k < logits.shape[-1]:
-        kth = torch.topk(logits, top_k).values[-1]
+        kth = torch.topk(logits, top_k).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if top_p < 1.0:
@@ -36,5 +37,5 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: 
         before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
         sorted_probs[before >= top_p] = 0.0
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-        probs = probs / probs.sum()
+        probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs

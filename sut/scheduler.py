@@ -20,6 +20,12 @@ lets prefill through at once (the Server setting). The bound is loose (most sequ
 the step and pay it back), so with `tpot_cap_ms` and `ttft_patience_ms` a prompt that has waited
 the patience for its first token raises it to the cap: in a burst the oldest prompts then get
 through before their TTFT limit, at the decodes' slack.
+
+With speculative decoding, a decoding sequence carries the drafts proposed for it (`propose`, at the
+start of a step) and computes its last token and the drafts in one go, all counted against the
+budget (a sequence whose drafts do not fit waits a step rather than drop them, so what it emits does
+not depend on what else is in the batch); `update_from_output` keeps the verified prefix of them
+and sets the computed tokens back past the rejected ones. Prefilling sequences do not speculate.
 """
 
 import statistics
@@ -31,19 +37,22 @@ import numpy as np
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig
 from sut.sequence import Sequence, SequenceStatus
+from sut.spec_metrics import SpecMetrics
 
 RECENT_STEPS = 5
 
 
 @dataclass
 class ScheduledBatch:
-    """One step's work: per sequence, the tokens it computes, whether they are prefill, and how many
-    rows of logits it wants (1 where its chunk reaches its last token and it samples, else 0)."""
+    """One step's work: per sequence, the tokens it computes (its drafts included), whether they are
+    prefill, how many rows of logits it wants (1 where its chunk reaches its last token and it
+    samples, 1 + its drafts where it verifies them, else 0) and how many of its tokens are drafts."""
 
     seqs: list[Sequence] = field(default_factory=list)
     num_new_tokens: list[int] = field(default_factory=list)
     is_prefill: list[bool] = field(default_factory=list)
     num_logits: list[int] = field(default_factory=list)
+    num_draft: list[int] = field(default_factory=list)
     block_tables: np.ndarray | None = None  # BlockManager.block_tables: row seq.block_row is seq's
 
     def __len__(self):
@@ -75,6 +84,10 @@ class Scheduler:
         self.num_preemptions = 0
         self.peak_blocks_used = 0
         self.tokens_at_peak = 0
+        spec = config.speculative_config
+        self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
+        self.adaptive_spec = bool(spec and spec.adaptive)
+        self.spec_metrics = SpecMetrics(self.num_spec_tokens) if spec else None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -93,7 +106,9 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
-            n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1
+            n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1 + len(seq.spec_token_ids)
+            if n > budget:  # its drafts do not fit: it waits a step
+                continue
             while not self.block_manager.allocate(seq, n):
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
@@ -121,30 +136,74 @@ class Scheduler:
             prefill_left -= n
         self._track_peak(scheduled)
         is_prefill = [s.is_prefill for s in scheduled]
-        # A decode samples; a prefill chunk samples when it reaches the sequence's last token.
-        num_logits = [int(not p or s.num_computed_tokens + n == s.num_tokens)
-                      for (s, n), p in zip(scheduled.items(), is_prefill)]
-        return ScheduledBatch(list(scheduled), list(scheduled.values()), is_prefill, num_logits,
+        num_draft = [len(s.spec_token_ids) for s in scheduled]
+        # A decode samples (after each of its drafts too); a prefill chunk samples when it reaches
+        # the sequence's last token.
+        num_logits = [1 + d if not p else int(s.num_computed_tokens + n == s.num_tokens)
+                      for (s, n), p, d in zip(scheduled.items(), is_prefill, num_draft)]
+        return ScheduledBatch(list(scheduled), list(scheduled.values()), is_prefill, num_logits, num_draft,
                               self.block_manager.block_tables)
 
-    def update_from_output(self, batch: ScheduledBatch, sampled: list[int], now: float) -> list[Sequence]:
-        """After the step's forward: advance each sequence's computed tokens, cache its full blocks,
-        append the sampled tokens (`sampled`: one per sequence with logits, in batch order), call
-        their `on_token` and apply the stop rules; return the sequences that finished."""
+    def propose(self, proposer) -> None:
+        """Ask `proposer` for drafts for the decoding sequences that have none, up to k each (fewer
+        near max_tokens, and per sequence with adaptive speculation), after reserving their slots:
+        the verification's k + 1 (which the draft model also writes into). A sequence whose slots
+        are not free gets no drafts (nothing is preempted for speculation)."""
+        seqs, counts = [], []
+        for seq in self.running:
+            if seq.is_prefill or seq.spec_token_ids:
+                continue
+            k = min(seq.num_spec_tokens or self.num_spec_tokens, seq.max_tokens - len(seq.output_token_ids) - 1)
+            if k > 0 and self.block_manager.allocate(seq, 1 + k):
+                seqs.append(seq)
+                counts.append(k)
+        if not seqs:
+            return
+        for seq, (tokens, probs) in zip(seqs, proposer.propose(seqs, counts, self.block_manager.block_tables)):
+            seq.spec_token_ids, seq.spec_probs = tokens, probs
+
+    def update_from_output(self, batch: ScheduledBatch, sampled: list[list[int]], now: float) -> list[Sequence]:
+        """After the step's forward: advance each sequence's computed tokens (past the drafts it
+        accepted, not the rejected ones), append the tokens it emitted (`sampled`: a list per sequence
+        with logits, in batch order: its accepted drafts, then one token of the target's) up to a stop,
+        call their `on_token`, cache its full verified blocks and apply the stop rules; return the
+        sequences that finished."""
         finished: list[Sequence] = []
-        tokens = iter(sampled)
+        outputs = iter(sampled)
         cache_blocks = self.block_manager.enable_prefix_caching
-        for seq, n, k, prefill in zip(batch.seqs, batch.num_new_tokens, batch.num_logits, batch.is_prefill):
-            seq.num_computed_tokens += n
+        for seq, n, k, prefill, d in zip(batch.seqs, batch.num_new_tokens, batch.num_logits, batch.is_prefill,
+                                         batch.num_draft):
+            if not k:
+                seq.num_computed_tokens += n
+                if cache_blocks:
+                    self.block_manager.cache_computed_blocks(seq)
+                continue
+            tokens = next(outputs)
+            if d:
+                accepted = len(tokens) - 1
+                self.spec_metrics.record(d, accepted)
+                if self.adaptive_spec:  # one more after a full run, else just past what was accepted
+                    seq.num_spec_tokens = min(self.num_spec_tokens, d + 1 if accepted == d else accepted + 1)
+                seq.spec_token_ids, seq.spec_probs = [], None
+            seq.num_computed_tokens += n - d + len(tokens) - 1
+            if prefill:  # its last prompt (or recomputed) token: it decodes from now on
+                seq.is_prefill = False
+            reason = None
+            for token in tokens:
+                reason = self._append_token(seq, token, now)
+                if reason:
+                    break
+            # K/V exist for every token but the last emitted one (fewer when a stop cut the run short).
+            seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             if cache_blocks:
                 self.block_manager.cache_computed_blocks(seq)
-            if prefill and k:  # its last prompt (or recomputed) token: it decodes from now on
-                seq.is_prefill = False
-            if k:
-                self._append_token(seq, next(tokens), now, finished)
+            if reason:
+                self.finish(seq, reason)
+                finished.append(seq)
         return finished
 
-    def _append_token(self, seq: Sequence, token: int, now: float, finished: list[Sequence]) -> None:
+    def _append_token(self, seq: Sequence, token: int, now: float) -> str | None:
+        """Append one emitted token; return the reason it finishes the sequence, if it does."""
         if seq.first_token_time is None:
             seq.first_token_time = now
         seq.output_token_ids.append(token)
@@ -153,16 +212,13 @@ class Scheduler:
                 seq.on_token(token)
             except Exception as e:  # the callback's failure ends its own request only
                 seq.error = f"on_token callback raised {e!r}"
-                self.finish(seq, "error")
-                finished.append(seq)
-                return
+                return "error"
         p = seq.params
         if (not p.ignore_eos and token in self.eos_token_ids) or token in p.stop_token_ids:
-            self.finish(seq, "stop")
-            finished.append(seq)
-        elif len(seq.output_token_ids) >= seq.max_tokens:
-            self.finish(seq, "length")
-            finished.append(seq)
+            return "stop"
+        if len(seq.output_token_ids) >= seq.max_tokens:
+            return "length"
+        return None
 
     def _prefill_budget(self, now: float) -> int:
         """How many prefill tokens this step may carry without pushing a decoding sequence's time
@@ -217,6 +273,7 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.is_prefill = True
+        seq.spec_token_ids, seq.spec_probs, seq.draft_num_computed = [], None, 0
 
     def _track_peak(self, scheduled: dict[Sequence, int]) -> None:
         used = self.block_manager.num_blocks - self.block_manager.num_free_blocks

@@ -45,6 +45,13 @@ class Sequence:
         self.block_row: int | None = None  # its row of BlockManager.block_tables while it holds blocks
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
         self.num_preemptions = 0
+        # Speculative decoding: the drafts proposed for its next step, the probabilities each was
+        # sampled from ([k, vocab], None for deterministic drafts), the tokens whose K/V the draft
+        # model's cache holds, and how many drafts to propose next (lowered by adaptive speculation).
+        self.spec_token_ids: list[int] = []
+        self.spec_probs: torch.Tensor | None = None
+        self.draft_num_computed = 0
+        self.num_spec_tokens: int | None = None
         self.arrival_time = time.perf_counter()  # when it was added: its first token's wait starts here
         self.first_token_time: float | None = None  # time.perf_counter() when its first token came
         self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"

@@ -28,6 +28,7 @@ class System:
     model_name: str | None  # open division: the substituted model, named in the tree and mapped to the benchmark
     demo: bool  # shortened runs: the checker warns about run length and dataset size instead of failing
     path: Path  # the file it was read from
+    division: str = "closed"  # the description's "division"
 
     @staticmethod
     def load(name: str, root: Path = REPO) -> "System":
@@ -44,7 +45,7 @@ class System:
                             dict(harness.get("engine", {})), dict(harness.get("scenario_engine", {})),
                             root / reference if reference else None,
                             list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
-                            bool(harness.get("demo", False)), path)
+                            bool(harness.get("demo", False)), path, raw.get("division", "closed"))
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
         unknown = [s for s in [*system.scenarios, *system.scenario_engine] if s not in SCENARIOS]

@@ -10,6 +10,7 @@ from sut.config import EngineConfig
 from sut.sampling_params import SamplingParams
 from sut.scheduler import ScheduledBatch, Scheduler
 from sut.sequence import Sequence, SequenceStatus
+from sut.spec_settings import SpeculativeConfig
 
 
 def seq(tokens, request_id=0, max_tokens=8):
@@ -85,16 +86,30 @@ def test_no_sharing_when_prefix_caching_is_off():
     assert bm.match_prefix(b) == 0 and b.block_table == []
 
 
+class RandomProposer:
+    """Proposes up to the asked number of random drafts (sometimes none)."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def propose(self, seqs, counts, block_tables):
+        return [([self.rng.randrange(1000) for _ in range(self.rng.randint(0, k))], None) for k in counts]
+
+
+@pytest.mark.parametrize("speculate", [False, True])
 @pytest.mark.parametrize("prefix_caching", [False, True])
 @pytest.mark.parametrize("trial", range(6))
-def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial):
+def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial, speculate):
     """Drive the real scheduler with fake forwards: random prompts (many sharing prefixes), random
-    aborts, a pool small enough to preempt; check invariants after every step."""
+    aborts, a pool small enough to preempt, and with speculation random drafts of which a random
+    prefix is accepted; check invariants after every step."""
     rng = random.Random(trial)
+    spec = SpeculativeConfig("ngram", 3) if speculate else None
     config = EngineConfig(max_num_batched_tokens=rng.choice([8, 16, 64]), max_num_seqs=rng.choice([2, 4, 8]),
-                          block_size=4)
+                          block_size=4, speculative_config=spec)
     bm = BlockManager(num_blocks=24, block_size=4, enable_prefix_caching=prefix_caching)
     sched = Scheduler(config, bm)
+    proposer = RandomProposer(rng)
     shared = [rng.randrange(1000) for _ in range(16)]
     live, next_id, finished = [], 0, 0
     for step in range(400):
@@ -110,22 +125,31 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
             sched.finish(victim, "abort")
             live.remove(victim)
             finished += 1
+        if speculate:
+            sched.propose(proposer)
         batch = sched.schedule()
         assert sum(batch.num_new_tokens) <= config.max_num_batched_tokens
         assert len(sched.running) <= config.max_num_seqs
-        for s, n, prefill, k in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill, batch.num_logits):
+        for s, n, prefill, k, d in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill, batch.num_logits,
+                                       batch.num_draft):
             assert s.status == SequenceStatus.RUNNING
             assert len(s.block_table) * 4 >= s.num_computed_tokens + n
             assert prefill == s.is_prefill
-            assert prefill or (n == 1 and s.num_computed_tokens == s.num_tokens - 1), "a decode computes its last token"
-            assert k == (s.num_computed_tokens + n == s.num_tokens)
-        # The real update after a fake forward: one random token per sequence that samples.
-        lengths = {s: len(s.output_token_ids) for s in batch.sampling_seqs}
-        for s in sched.update_from_output(batch, [rng.randrange(1000) for _ in batch.sampling_seqs], 0.0):
+            assert d == len(s.spec_token_ids) and (d == 0 or not prefill), "prefilling sequences do not speculate"
+            assert len(s.output_token_ids) + d < s.max_tokens, "drafts past max_tokens"
+            assert prefill or (n == 1 + d and s.num_computed_tokens == s.num_tokens - 1), "a decode computes its last token"
+            assert k == (1 + d if not prefill else s.num_computed_tokens + n == s.num_tokens)
+        # The real update after a fake forward: per sequence that samples, a random prefix of its
+        # drafts accepted and one random token.
+        emitted = [s.spec_token_ids[:rng.randint(0, len(s.spec_token_ids))] + [rng.randrange(1000)]
+                   for s in batch.sampling_seqs]
+        lengths = {s: len(s.output_token_ids) + len(e) for s, e in zip(batch.sampling_seqs, emitted)}
+        for s in sched.update_from_output(batch, emitted, 0.0):
             assert s.finish_reason == "length" and len(s.output_token_ids) == s.max_tokens
             live.remove(s)
             finished += 1
-        assert all(len(s.output_token_ids) == n + 1 for s, n in lengths.items())
+        assert all(len(s.output_token_ids) == n for s, n in lengths.items())
+        assert all(not s.spec_token_ids for s in batch.sampling_seqs), "drafts outlived their verification"
         assert all(s.num_computed_tokens == s.num_tokens - 1 for s in batch.sampling_seqs if not s.is_finished)
         bm.check_invariants(live)
         if next_id >= 40 and not sched.has_unfinished():
@@ -156,7 +180,7 @@ def _run_fake_clock(config: EngineConfig) -> tuple[float, float, list[int]]:
         seconds = 0.030 + 0.002 * prefill
         clock += seconds
         sched.record_step(batch, seconds)
-        sched.update_from_output(batch, [7] * len(batch.sampling_seqs), clock)
+        sched.update_from_output(batch, [[7]] * len(batch.sampling_seqs), clock)
         if len(first.output_token_ids) > 1:
             worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
     assert second.num_computed_tokens >= 300, "the second prompt was starved"

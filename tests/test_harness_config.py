@@ -99,3 +99,29 @@ def test_a_prompt_with_room_for_one_new_token_is_refused_before_loadgen(tiny_lla
     assert "data.json: samples [1] leave room for fewer than 2 new tokens in max_model_len 32" in out.stderr
     assert not (tmp_path / "build" / "logs" / "t" / "llama3.1-8b" / "Offline" / "performance" /
                 "mlperf_log_detail.txt").exists()
+
+
+@pytest.mark.parametrize("division, scenario, message", [
+    ("closed", "Server", "closed division allows speculative decoding only for deepseek-r1 Interactive, "
+                         "gpt-oss-120b Interactive"),
+    ("closed", "Offline", "llama3.1-8b Offline set speculative_config"),
+    ("open", "Server", None),
+])
+def test_speculation_refused_in_the_closed_division_outside_its_benchmarks(monkeypatch, division, scenario, message):
+    demo = System.load("cpu-demo")
+    demo.division = division
+    demo.engine = {**demo.engine, "speculative_config": {"method": "ngram", "num_speculative_tokens": 3}}
+    monkeypatch.setattr(System, "load", staticmethod(lambda name, root: demo))
+    if message is None:
+        assert RunConfig.resolve("cpu-demo", "llama3.1-8b", scenario, "performance").system.division == "open"
+        return
+    with pytest.raises(HarnessConfigError, match=message):
+        RunConfig.resolve("cpu-demo", "llama3.1-8b", scenario, "performance")
+
+
+def test_bad_speculative_config_is_caught_before_a_run(monkeypatch):
+    demo = System.load("cpu-demo")
+    demo.engine = {**demo.engine, "speculative_config": {"method": "eagle", "num_speculative_tokens": 3}}
+    monkeypatch.setattr(System, "load", staticmethod(lambda name, root: demo))
+    with pytest.raises(HarnessConfigError, match="speculative_config.method must be one of"):
+        RunConfig.resolve("cpu-demo", "llama3.1-8b", "Server", "performance")

@@ -369,3 +369,34 @@ def test_repository_system_descriptions_pass_the_system_rules(system_file, tmp_p
     report = Report(demo=False)
     check_system(tmp_path / system_file.name, description["division"], description["submitter"], report)
     assert report.errors == []
+
+
+def test_a_speculating_run_records_its_metrics_and_the_tree_names_the_proposer(chain, tmp_path):
+    """A Server run with n-gram speculation from the system's engine settings: its metrics lie
+    beside LoadGen's logs, and the packaged system description's
+    sw_notes say which proposer ran."""
+    root, _, _ = chain
+    copy_root, copy = tmp_path / "repo", tmp_path / "submission"
+    shutil.copytree(root, copy_root, ignore=shutil.ignore_patterns("submission"))
+    system = json.loads((copy_root / "systems/tiny.json").read_text())
+    system["saaf_harness"]["engine"]["speculative_config"] = {"method": "ngram", "num_speculative_tokens": 3}
+    (copy_root / "systems/tiny.json").write_text(json.dumps(system))
+    # Speculation costs the tiny model more than it gives (its forward is cheaper than the host's
+    # work around it), so it serves a lower rate within the latency limits.
+    conf = copy_root / "measurements/tiny/llama3.1-8b/Server/user.conf"
+    conf.write_text(conf.read_text().replace("Server.target_qps = 100", "Server.target_qps = 40"))
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Server",
+                           "--mode", "performance", "--root", str(copy_root)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "speculation (n-gram prompt lookup (k=3" in done.stdout
+    logs = copy_root / "build/logs/tiny/llama3.1-8b/Server/performance"
+    spec = json.loads((logs / "speculative_decoding.json").read_text())
+    assert spec["method"] == "ngram" and spec["num_proposals"] > 0
+    assert sum(spec["accepted_at_position"]) == spec["num_accepted_tokens"]
+    detail, _ = read_detail_log(logs / "mlperf_log_detail.txt")
+    assert detail["result_validity"] in ("VALID", "INVALID") and not detail.get("error_invalid_config")
+    org, failures = package("tiny", copy, root=copy_root)
+    assert not failures
+    notes = json.loads((org / "systems/tiny.json").read_text())["sw_notes"]
+    assert "llama3.1-8b Server: speculative decoding with n-gram prompt lookup (k=3" in notes
+    assert check_tree(copy, demo=True).errors == []

@@ -44,15 +44,16 @@ class CpuBackend:
         self.ops: KernelOps | None = None if lib is None else c_ops(lib)
         self.kv_cache_bytes = int(KV_CACHE_GB * 2**30)
 
-    def decoder(self) -> CpuDecoder | None:
+    def decoder(self, max_query_len: int = 1) -> CpuDecoder | None:
         """Decode-only steps in one C call (layer.py), when the model runs this backend's ops in fp32
         and every linear computes from its blocks; else None. Call after the KV cache is in place:
-        the decoder holds pointers to it."""
+        the decoder holds pointers to it. `max_query_len`: the most query rows of a sequence it takes
+        (1: decodes only; 1 + k to verify k drafts)."""
         model = self.model
         if (self.ops is None or model.ops is not self.ops or model.model.embed_tokens.weight.dtype != torch.float32
                 or not CpuDecoder.applies(model)):
             return None
-        return CpuDecoder(model, self.lib)
+        return CpuDecoder(model, self.lib, max_query_len)
 
 
 def setup_cpu_backend(model: nn.Module, folder: str | Path, settings: CpuSettings) -> CpuBackend:

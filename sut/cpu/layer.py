@@ -48,8 +48,9 @@ class CpuDecoder:
     of at most `max_rows` sequences. Build it after the KV cache is in place: it holds pointers to
     the weights and the cache."""
 
-    def __init__(self, model: nn.Module, lib):
+    def __init__(self, model: nn.Module, lib, max_query_len: int = 1):
         self.model, self.lib = model, lib
+        self.max_query_len = max_query_len
         layers = model.model.layers
         self.layers = (LayerWeights * len(layers))(*[
             LayerWeights(*map(LinearBlocks.of, _linears(layer)), layer.input_layernorm.weight.data_ptr(),
@@ -70,10 +71,18 @@ class CpuDecoder:
                    for layer in model.model.layers for linear in _linears(layer))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
-        """The model's hidden states for a decode-only step, or None for any other step."""
+        """The model's hidden states for a step of decodes (or of at most `max_query_len` query rows
+        a sequence: a verification of drafts), or None for any other step."""
         n = input_ids.shape[0]
-        if n > self.max_rows or meta.max_query_len != 1 or len(meta.query_lens_host) != n:
+        if n > self.max_rows or meta.max_query_len > self.max_query_len:
             return None
+        seq_lens, block_tables = meta.seq_lens, meta.block_tables
+        if meta.max_query_len > 1 or len(meta.query_lens_host) != n:
+            # Each query row as a one-token sequence over its own sequence's blocks, seeing the keys
+            # up to its position: decode_layers stores every row's K/V before it attends.
+            row_seq = torch.repeat_interleave(torch.arange(len(meta.query_lens_host)),
+                                              torch.tensor(meta.query_lens_host))
+            seq_lens, block_tables = (positions + 1).to(torch.int32), block_tables[row_seq].contiguous()
         model = self.model
         x = model.model.embed_tokens(input_ids)
         cos, sin = (t.contiguous() for t in model.rotary(positions, x.dtype))
@@ -82,8 +91,8 @@ class CpuDecoder:
         heads, kv_heads, dim = self.shape
         rc = self.lib.decode_layers(
             self.layers, len(self.layers), x.data_ptr(), out.data_ptr(), residual.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), meta.slot_mapping.data_ptr(), rows.data_ptr(), meta.seq_lens.data_ptr(),
-            meta.block_tables.data_ptr(), meta.block_tables.shape[1], self.block_size, n, heads, kv_heads, dim,
+            sin.data_ptr(), meta.slot_mapping.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
+            block_tables.data_ptr(), block_tables.shape[1], self.block_size, n, heads, kv_heads, dim,
             self.eps, self.scale)
         if rc:
             raise RuntimeError(f"sut.cpu.layer: decode_layers failed with code {rc}")

@@ -29,7 +29,7 @@ from torch import nn
 
 from sut.cpu.build import library
 from sut.errors import CheckpointError
-from sut.loader import checkpoint_layout
+from sut.loader import checkpoint_layout, copy_tensors, read_header, tensor_names
 from sut.model import FusedLinear
 
 GGUF_BLOCKS_FILE = "cpu/gguf-blocks.safetensors"  # in the model folder
@@ -240,3 +240,23 @@ def write_gguf_blocks(tensors: dict[str, tuple[torch.Tensor, str]], folder: Path
     path.parent.mkdir(exist_ok=True)
     save_file({n: raw.contiguous() for n, (raw, _) in tensors.items()}, str(path),
               metadata={"formats": json.dumps({n: fmt for n, (_, fmt) in tensors.items()})})
+
+
+def copy_blocks_of(target: Path, out: Path, keep) -> None:
+    """Give the model folder `out` the blocks of `target`'s GGUF_BLOCKS_FILE of the tensors that
+    `keep(name)` accepts, with their formats (for a draft made of some of a target's tensors);
+    nothing when `target` has none."""
+    blocks = target / GGUF_BLOCKS_FILE
+    if not blocks.is_file():
+        return
+    tensor_names(target, [blocks])  # a file safetensors cannot read is refused here, by name
+    header, _ = read_header(blocks)
+    meta = dict(header.get("__metadata__") or {})
+    try:
+        formats = json.loads(meta.get("formats", "{}"))
+    except ValueError as e:
+        raise CheckpointError(f"{blocks}: its 'formats' metadata is not JSON ({e})") from e
+    names = [n for n in header if n != "__metadata__" and keep(n)]
+    meta["formats"] = json.dumps({n: formats[n] for n in names if n in formats})
+    (out / GGUF_BLOCKS_FILE).parent.mkdir(parents=True, exist_ok=True)
+    copy_tensors(dict.fromkeys(names, blocks), out / GGUF_BLOCKS_FILE, meta)

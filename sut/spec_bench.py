@@ -1,0 +1,156 @@
+"""Speculative decoding against plain decoding on the same prompts, greedy, per batch size:
+
+    python -m sut.spec_bench --model DIR --data FILE [--drafts DIR,DIR] [--num-prompts 64]
+        [--max-new-tokens 128] [--batch-sizes 1,8,32] [--k 3]
+
+For each proposer (n-gram lookup; each draft model folder) it prints output tokens/s with and
+without speculation, the acceptance rate, the mean accepted length (tokens per verification) and
+the measured speed-up; beside it the speed-up that Leviathan et al.'s formula predicts,
+E / (k c + v) with E = (1 - a^(k+1)) / (1 - a) from the measured acceptance a, c the measured cost of
+a draft forward and v that of a verification of k + 1 rows per sequence, both over a plain decode
+step at the same batch size (the paper takes v = 1; on a CPU, verifying k + 1 rows costs more than
+one). The prediction is for decode steps; prefill, the same in both runs, is added back from the
+plain run's step times. Outputs must be token-identical to plain decoding: the bench says if not.
+"""
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from sut.errors import ConfigError, run_cli
+from sut.llm import LLM
+from sut.sampling_params import SamplingParams
+from sut.spec_metrics import SpecMetrics
+
+
+def load_prompts(path: Path, num_prompts: int) -> list[list[int]]:
+    if not path.is_file():
+        raise ConfigError(f"--data {path}: no such file (`make data` writes the demo's)")
+    rows = json.loads(path.read_text())
+    if len(rows) < num_prompts:
+        raise ConfigError(f"--data {path} has {len(rows)} samples, fewer than --num-prompts {num_prompts}")
+    return [row["tok_input"] for row in rows[:num_prompts]]
+
+
+class StepClock:
+    """Sums the engine's step times, split into steps that carry prefill tokens and the others."""
+
+    def __init__(self, engine):
+        self.prefill_s = self.decode_s = 0.0
+        record = engine.scheduler.record_step
+
+        def timed(batch, seconds):
+            if any(batch.is_prefill):
+                self.prefill_s += seconds
+            else:
+                self.decode_s += seconds
+            record(batch, seconds)
+
+        engine.scheduler.record_step = timed
+
+
+def run(model: str, prompts, max_new_tokens: int, batch: int, spec: dict | None):
+    llm = LLM(model, max_num_seqs=batch, speculative_config=spec)
+    llm.generate(prompts[:1], SamplingParams(max_tokens=4))  # first-call costs out of the timing
+    if spec:
+        llm.engine.scheduler.spec_metrics = SpecMetrics(spec["num_speculative_tokens"])
+    clock = StepClock(llm.engine)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, SamplingParams(max_tokens=max_new_tokens, ignore_eos=True))
+    seconds = time.perf_counter() - start
+    return llm, [o.token_ids for o in outputs], seconds, clock
+
+
+def forward_ms(runner, seqs, rows: int, block_tables, repeats: int = 5) -> float:
+    """The best time of `runner.execute` on `rows` new tokens per sequence at the ends of `seqs`."""
+    tokens = [s.prompt_token_ids[-rows:] for s in seqs]
+    starts = [len(s.prompt_token_ids) - rows for s in seqs]
+    step = runner.prepare_tokens(seqs, tokens, starts, [rows] * len(seqs), block_tables)
+    runner.execute(step)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        runner.execute(step)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def step_costs(llm: LLM, prompts, batch: int, k: int) -> tuple[float, float, float | None]:
+    """Milliseconds of a plain decode step, of a verification of k + 1 rows per sequence, and of a
+    draft forward (None without a draft model), at `batch` sequences with the prompts' contexts."""
+    engine = llm.engine
+    seqs = [engine.make_sequence(p, SamplingParams()) for p in prompts[:batch]]
+    for seq in seqs:
+        if not engine.block_manager.allocate(seq, seq.num_tokens):
+            raise ConfigError("the KV cache cannot hold the prompts of one batch")
+    tables = engine.block_manager.block_tables
+    try:
+        decode = forward_ms(engine.runner, seqs, 1, tables)
+        verify = forward_ms(engine.runner, seqs, k + 1, tables)
+        draft = getattr(engine.proposer, "runner", None)
+        draft_ms = forward_ms(draft, seqs, 1, tables) if draft is not None else None
+    finally:
+        for seq in seqs:
+            engine.block_manager.free(seq)
+    return decode, verify, draft_ms
+
+
+def predicted_speedup(acceptance: float, k: int, draft_cost: float, verify_cost: float) -> float:
+    expected = k + 1 if acceptance >= 1 else (1 - acceptance ** (k + 1)) / (1 - acceptance)
+    return expected / (k * draft_cost + verify_cost)
+
+
+def main():
+    ap = argparse.ArgumentParser(prog="python -m sut.spec_bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--model", required=True, help="the target model's folder")
+    ap.add_argument("--data", required=True, type=Path, help="the demo data (JSON rows with tok_input)")
+    ap.add_argument("--drafts", default="", help="comma-separated draft model folders (e.g. make_draft's)")
+    ap.add_argument("--num-prompts", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--batch-sizes", default="1,8,32")
+    ap.add_argument("--k", type=int, default=3, help="num_speculative_tokens of every proposer")
+    args = ap.parse_args()
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
+    torch.set_num_threads(len(cores))
+    prompts = load_prompts(args.data, args.num_prompts)
+    proposers = {"ngram": {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": 1,
+                           "prompt_lookup_max": 3}}
+    for folder in filter(None, args.drafts.split(",")):
+        proposers[Path(folder).name] = {"method": "draft_model", "model": folder, "num_speculative_tokens": args.k}
+    header = (f"{'batch':>5} {'proposer':<24} {'tok/s':>7} {'plain':>7} {'accept':>7} {'mean len':>8} "
+              f"{'draft c':>7} {'verify v':>8} {'speed-up':>8} {'predicted':>9} {'(v=1)':>6} {'same':>5}")
+    lines = [header]
+    print(header, flush=True)
+    for batch in map(int, args.batch_sizes.split(",")):
+        llm, plain, plain_s, plain_clock = run(args.model, prompts, args.max_new_tokens, batch, None)
+        plain_tps = sum(map(len, plain)) / plain_s
+        del llm
+        for name, spec in proposers.items():
+            llm, outputs, seconds, _ = run(args.model, prompts, args.max_new_tokens, batch, spec)
+            stats = llm.engine.spec_stats()
+            decode_ms, verify_ms, draft_ms = step_costs(llm, prompts, batch, args.k)
+            c = (draft_ms or 0.0) / decode_ms
+            v = verify_ms / decode_ms
+            a = stats["acceptance_rate"] or 0.0
+            # Decode time shrinks by the predicted factor; prefill time stays.
+            total = plain_clock.prefill_s + plain_clock.decode_s
+            e2e = lambda s: total / (plain_clock.prefill_s + plain_clock.decode_s / s)  # noqa: E731
+            tps = sum(map(len, outputs)) / seconds
+            line = (f"{batch:>5} {name:<24} {tps:>7.1f} {plain_tps:>7.1f} {a:>7.3f} "
+                    f"{stats['mean_accepted_length'] or 0:>8.2f} {c:>7.2f} {v:>8.2f} {tps / plain_tps:>7.2f}x "
+                    f"{e2e(predicted_speedup(a, args.k, c, v)):>8.2f}x {e2e(predicted_speedup(a, args.k, c, 1.0)):>5.2f}x "
+                    f"{sum(x == y for x, y in zip(outputs, plain)):>2}/{len(plain)}")
+            lines.append(line)
+            print(line, flush=True)
+            del llm
+    print(f"k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy; "
+          f"c, v: a draft forward and a verification over a plain decode step at that batch")
+    return lines
+
+
+if __name__ == "__main__":
+    run_cli(main)
