@@ -37,12 +37,13 @@ def load_prompts(path: Path, num_prompts: int) -> list[list[int]]:
 
 
 class StepClock:
-    """Sums the engine's step times, split into steps that carry prefill tokens and the others, and
-    counts the latter."""
+    """Sums the engine's step times, split into steps that carry prefill tokens and decode steps;
+    counts the decode steps, those of them that verified drafts, and the sequences and drafts in
+    those."""
 
     def __init__(self, engine):
         self.prefill_s = self.decode_s = 0.0
-        self.decode_steps = 0
+        self.decode_steps = self.verify_steps = self.verify_seqs = self.verify_drafts = 0
         record = engine.scheduler.record_step
 
         def timed(batch, seconds):
@@ -51,6 +52,10 @@ class StepClock:
             else:
                 self.decode_s += seconds
                 self.decode_steps += 1
+                if any(batch.num_draft):
+                    self.verify_steps += 1
+                    self.verify_seqs += len(batch)
+                    self.verify_drafts += sum(batch.num_draft)
             record(batch, seconds)
 
         engine.scheduler.record_step = timed
@@ -109,15 +114,14 @@ def predicted_speedup(acceptance: float, k: int, draft_cost: float, verify_cost:
     return expected / (k * draft_cost + verify_cost)
 
 
-def speedup_from_steps(stats: dict, decode_steps: int, draft_cost: float, verify_cost: float) -> float:
-    """The same arithmetic on what the run did: its verifications (their measured mean accepted
-    length and drafts) and its decode steps that had no drafts (n-gram lookup found no match), each
-    costing one plain step for one token."""
-    verifications = stats["num_proposals"]
-    plain = max(decode_steps - verifications, 0)
-    tokens = plain + verifications + stats["num_accepted_tokens"]
-    cost = plain + verifications * verify_cost + stats["num_draft_tokens"] * draft_cost
-    return tokens / cost if cost else 1.0
+def predicted_time_from_steps(plain: StepClock, spec: StepClock, draft_cost: float, verify_cost: float) -> float:
+    """The speculating run's time predicted from the plain run's: its prefill time, and its own decode
+    steps at the plain run's mean decode step, times v + k c where they verified drafts (k: drafts
+    per sequence in them), once where they had none (n-gram lookup found no match)."""
+    step = plain.decode_s / max(plain.decode_steps, 1)
+    drafts = spec.verify_drafts / max(spec.verify_seqs, 1)
+    plain_steps = spec.decode_steps - spec.verify_steps
+    return plain.prefill_s + step * (plain_steps + spec.verify_steps * (verify_cost + drafts * draft_cost))
 
 
 def main():
@@ -156,22 +160,22 @@ def main():
             total = plain_clock.prefill_s + plain_clock.decode_s
             e2e = lambda s: total / (plain_clock.prefill_s + plain_clock.decode_s / s)  # noqa: E731
             tps = sum(map(len, outputs)) / seconds
-            verified = stats["num_proposals"] / max(clock.decode_steps, 1)
+            verified = clock.verify_steps / max(clock.decode_steps, 1)
             line = (f"{batch:>5} {name:<22} {tps:>6.1f} {plain_tps:>6.1f} {a:>6.3f} "
                     f"{stats['mean_accepted_length'] or 0:>8.2f} {verified:>8.2f} {c:>5.2f} {v:>5.2f} "
                     f"{tps / plain_tps:>7.2f}x {e2e(predicted_speedup(a, args.k, c, v)):>8.2f}x "
                     f"{e2e(predicted_speedup(a, args.k, c, 1.0)):>5.2f}x "
-                    f"{e2e(speedup_from_steps(stats, clock.decode_steps, c, v)):>5.2f}x "
+                    f"{total / predicted_time_from_steps(plain_clock, clock, c, v):>5.2f}x "
                     f"{sum(x == y for x, y in zip(outputs, plain)):>2}/{len(plain)}")
             lines.append(line)
             print(line, flush=True)
             del llm
     print(f"k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy. accept: accepted / "
           "proposed drafts; mean len: tokens per verification; verified: share of decode steps that verified "
-          "drafts; c, v: a draft forward and a verification of k + 1 rows a sequence over a plain decode step at "
+          "drafts (of any sequence); c, v: a draft forward and a verification of k + 1 rows a sequence over a plain decode step at "
           "that batch. Predicted speed-ups (prefill time added back): Leviathan's E / (k c + v) from the "
-          "acceptance, the same with v = 1 (the paper's assumption), and 'run': the same costs applied to the "
-          "run's own steps (its verifications and its decode steps without drafts)")
+          "acceptance, the same with v = 1 (the paper's assumption), and 'run': the plain run's step time and "
+          "these costs applied to the speculating run's own decode steps (with and without drafts)")
     return lines
 
 

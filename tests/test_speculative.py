@@ -301,3 +301,31 @@ def test_metrics_count_what_was_proposed_and_accepted(tiny_llama):
     assert stats["num_proposals"] + stats["num_accepted_tokens"] <= emitted
     assert stats["acceptance_by_position"][0] >= stats["acceptance_by_position"][-1]
     assert LLM(tiny_llama[0], device="cpu").engine.spec_stats() is None
+
+
+@pytest.mark.parametrize("name", ["ngram", "self-draft"])
+def test_abort_mid_run_leaves_the_others_unchanged(tiny_llama, tiny_draft, name):
+    """Aborting a speculating request between steps (its draft cache ahead of what the target kept)
+    frees its blocks for the others, whose output stays the plain one."""
+    from sut import LLMEngine
+
+    folder = tiny_llama[0]
+    prompts = repetitive_prompts(4, seed=6)
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    plain, _ = generate(folder, prompts, params)
+    engine = LLMEngine(folder, device="cpu", num_kv_blocks=64, block_size=4,
+                       speculative_config=proposers(tiny_llama, tiny_draft)[name])
+    ids = [engine.add_request(p, params) for p in prompts]
+    outputs = {}
+    for step in range(200):
+        if step == 4:
+            engine.abort(ids[1])
+        for out in engine.step():
+            outputs[out.request_id] = out
+        if not engine.has_unfinished():
+            break
+    assert outputs[ids[1]].finish_reason == "abort"
+    assert [outputs[i].token_ids for i in ids if i != ids[1]] == [plain[0], plain[2], plain[3]]
+    assert engine.spec_stats()["num_accepted_tokens"] > 0
+    engine.block_manager.check_invariants([])
+    assert engine.block_manager.num_free_blocks == 64

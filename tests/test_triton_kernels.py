@@ -155,6 +155,29 @@ def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama):
     assert outputs["triton"] == outputs["torch"]
 
 
+def test_engine_speculating_on_triton_kernels_matches_torch_ops(tiny_llama):
+    """Verification steps (k + 1 query rows a sequence, through the prefill kernel) and the
+    rejection-sampling kernel in the engine: greedy and seeded sampled requests give the same
+    tokens as on the PyTorch ops and their reference."""
+    from sut import LLM, SamplingParams
+    from tests.conftest import random_prompts
+
+    prompts = [(p * 4)[:24] for p in random_prompts([5, 6, 7], seed=3)]
+    params = [SamplingParams(max_tokens=10, ignore_eos=True),
+              SamplingParams(max_tokens=10, temperature=1.0, seed=1, ignore_eos=True),
+              SamplingParams(max_tokens=10, temperature=0.7, top_p=0.9, seed=2, ignore_eos=True)]
+    spec = {"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 3}
+    outputs = {}
+    for kernels in ("torch", "triton"):
+        llm = LLM(tiny_llama[0], kernels=kernels, num_kv_blocks=32, block_size=8, device=DEVICE,
+                  speculative_config=spec)
+        want = "rejection_sample_reference" if kernels == "torch" else "rejection_sample_triton"
+        assert llm.engine.runner.model.ops.rejection_sample.__name__ == want
+        outputs[kernels] = [o.token_ids for o in llm.generate(prompts, params)]
+        assert llm.engine.spec_stats()["num_accepted_tokens"] > 0
+    assert outputs["triton"] == outputs["torch"]
+
+
 def test_engine_default_is_torch_ops_on_cpu(tiny_llama):
     """The CPU backend's C ops where they can be built (sut/cpu/ops.py), else the PyTorch ops;
     kernels="torch" asks for the PyTorch ops alone."""
