@@ -1,6 +1,6 @@
 """The system under test: an LLM engine for Llama-family models with a paged KV cache, continuous
-batching with chunked prefill, preemption, and greedy or seeded sampling. Its CPU backend lives in
-sut/cpu/."""
+batching with chunked prefill, preemption, greedy or seeded sampling, and speculative decoding
+(n-gram or draft-model proposers, exact verification). Its CPU backend lives in sut/cpu/."""
 
 import torch
 
