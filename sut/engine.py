@@ -68,7 +68,10 @@ class LLMEngine:
                                       f"target's max_model_len={self.max_model_len}")
         self.tokenizer = _load_tokenizer(folder)
         self.eos_token_ids = mc.eos_token_ids
-        self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device)
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = (draft_config, sum(f.stat().st_size for f in draft_folder.glob("*.safetensors")))
+        self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft)
         self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
                                           self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)

@@ -19,9 +19,11 @@ from sut.step_input import StepInput
 
 class ModelRunner:
     def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None):
+                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None,
+                 draft: tuple[ModelConfig, int] | None = None):
         """`num_blocks`: the KV pool's size (a draft model's runner takes the target's, to share its
-        block tables); by default from the settings or the memory free."""
+        block tables); by default from the settings or the memory free, shared with `draft` (a draft
+        model's config and weight bytes, loaded after this runner) where there is one."""
         self.device = device
         self.block_size = config.block_size
         self.model = load_model(model_path, model_config, dtype, device)
@@ -32,8 +34,8 @@ class ModelRunner:
         except ValueError as e:  # kernels knows nothing of the engine's errors
             raise ConfigError(f"engine setting {e}") from None
         c = model_config
-        self.bytes_per_block = 2 * c.num_layers * config.block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
-        self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config)
+        self.bytes_per_block = kv_bytes_per_block(c, config.block_size, dtype)
+        self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config, draft)
         if self.num_blocks * self.block_size < max_model_len:
             raise ConfigError(
                 f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
@@ -50,7 +52,7 @@ class ModelRunner:
         spec = config.speculative_config
         self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
 
-    def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig) -> int:
+    def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
         if config.kv_cache_memory_gb is not None:
             budget = config.kv_cache_memory_gb * 2**30
         elif self.device.type == "cuda":
@@ -61,7 +63,12 @@ class ModelRunner:
             budget = free - (1 - config.gpu_memory_utilization) * total - activations - logits
         else:
             budget = self.cpu.kv_cache_bytes
-        return max(0, int(budget // self.bytes_per_block))
+        per_block = self.bytes_per_block
+        if draft is not None:  # the draft's weights and its cache of as many blocks come out of it too
+            draft_config, draft_weight_bytes = draft
+            budget -= draft_weight_bytes if self.device.type == "cuda" else 0
+            per_block += kv_bytes_per_block(draft_config, config.block_size, self.model.model.embed_tokens.weight.dtype)
+        return max(0, int(budget // per_block))
 
     def prepare(self, batch: ScheduledBatch) -> StepInput:
         """The step input of `batch`: each sequence's uncomputed tokens, then its drafts."""
@@ -121,6 +128,10 @@ class ModelRunner:
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
+
+
+def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
 
 
 def _ranks(counts: np.ndarray) -> np.ndarray:

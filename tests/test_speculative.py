@@ -329,3 +329,14 @@ def test_abort_mid_run_leaves_the_others_unchanged(tiny_llama, tiny_draft, name)
     assert engine.spec_stats()["num_accepted_tokens"] > 0
     engine.block_manager.check_invariants([])
     assert engine.block_manager.num_free_blocks == 64
+
+
+def test_the_draft_cache_comes_out_of_the_kv_budget(tiny_llama, tiny_draft):
+    """Target and draft caches together fit the KV budget (on a GPU the draft's weights too)."""
+    budget = 0.002
+    llm = LLM(tiny_llama[0], device="cpu", kv_cache_memory_gb=budget, speculative_config={
+        "method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 2})
+    target, draft = llm.engine.runner, llm.engine.proposer.runner
+    assert draft.num_blocks == target.num_blocks
+    used = target.kv_cache.nbytes + draft.kv_cache.nbytes
+    assert budget * 2**30 - target.bytes_per_block - draft.bytes_per_block < used <= budget * 2**30
