@@ -11,7 +11,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
            default_generator: torch.Generator) -> list[int]:
     for row, seq in enumerate(seqs):
         if len(seq.output_token_ids) < seq.params.min_tokens:  # min_tokens: no stop before then
-            stops = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(eos_token_ids))
+            stops = stop_tokens(seq, eos_token_ids)
             if stops:
                 logits[row, stops] = float("-inf")
     tokens = logits.argmax(dim=-1).tolist()
@@ -21,6 +21,11 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
             generator = seq.generator or default_generator
             tokens[row] = int(torch.multinomial(probs.cpu(), 1, generator=generator))
     return tokens
+
+
+def stop_tokens(seq: Sequence, eos_token_ids: tuple[int, ...]) -> list[int]:
+    """The tokens that would end `seq` (masked while it is under min_tokens)."""
+    return list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(eos_token_ids))
 
 
 def sampling_probs(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:

@@ -12,7 +12,7 @@ A sequence with no drafts is sampled the same way (its one token is the "bonus" 
 
 import torch
 
-from sut.sampler import sampling_probs
+from sut.sampler import sampling_probs, stop_tokens
 from sut.sequence import Sequence
 
 
@@ -32,7 +32,7 @@ def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
     for seq, d in zip(seqs, num_draft):
         short = seq.params.min_tokens - len(seq.output_token_ids)  # rows still under min_tokens
         if short > 0:
-            stops = list(seq.params.stop_token_ids) + ([] if seq.params.ignore_eos else list(eos_token_ids))
+            stops = stop_tokens(seq, eos_token_ids)
             if stops:
                 logits[row:row + min(short, d + 1), stops] = float("-inf")
         row += d + 1
