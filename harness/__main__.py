@@ -1,6 +1,8 @@
-"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06`"""
+"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06
+[--engine JSON --log-dir DIR]`"""
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -22,13 +24,24 @@ def main() -> None:
                             "(e.g. the one harness.calibrate wrote for this machine)")
     run_parser.add_argument("--root", type=Path, default=REPO,
                             help="the folder holding systems/ and measurements/; logs go to its build/logs/")
+    run_parser.add_argument("--engine", help="engine settings over the system's for this run, as JSON "
+                            """(e.g. '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}')""")
+    run_parser.add_argument("--log-dir", type=Path, help="the run's logs here instead of under build/logs/")
+    run_parser.add_argument("--no-warmup", action="store_true",
+                            help="start LoadGen without the engine's warm-up (to measure what it saves)")
     args = parser.parse_args()
     from harness.run import run
     from sut import SaafError
 
     try:
-        print(run(RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root,
-                                          args.user_conf)))
+        engine = json.loads(args.engine) if args.engine is not None else None
+    except json.JSONDecodeError as e:
+        sys.exit(f"error: harness: --engine is not JSON: {e}")
+    try:
+        cfg = RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root, args.user_conf,
+                                engine, args.log_dir)
+        cfg.warmup = not args.no_warmup
+        print(run(cfg))
     except (HarnessConfigError, DatasetError, SaafError) as e:  # a user's error: one line, no traceback
         sys.exit(f"error: harness: {e}")
 

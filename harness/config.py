@@ -112,12 +112,16 @@ class RunConfig:
     mode: str
     user_conf: Path
     log_dir: Path
+    warmup: bool = True  # the engine's warm-up before LoadGen starts
 
     @staticmethod
     def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO,
-                user_conf: Path | None = None) -> "RunConfig":
+                user_conf: Path | None = None, engine: dict | None = None,
+                log_dir: Path | None = None) -> "RunConfig":
         """`user_conf`: instead of the committed measurements/<system>/<benchmark>/<Scenario>/user.conf
-        (harness.calibrate writes one for this machine)."""
+        (harness.calibrate writes one for this machine). `engine`: settings over the system's for this
+        run (one configuration of a comparison), checked like the file's; `log_dir`: instead of
+        build/logs/<system>/<benchmark>/<Scenario>/<mode>/, so such a run keeps the system's logs."""
         if benchmark not in BENCHMARKS:
             raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
         if scenario not in SCENARIOS:
@@ -128,6 +132,10 @@ class RunConfig:
             sys_config = System.load(system, root)
         except SystemConfigError as e:
             raise HarnessConfigError(str(e)) from None
+        if engine is not None:
+            if not isinstance(engine, dict):
+                raise HarnessConfigError(f"engine settings over the system's must be a JSON object, got {engine!r}")
+            sys_config.scenario_engine[scenario] = {**sys_config.scenario_engine.get(scenario, {}), **engine}
         check_engine_settings(sys_config, scenario)
         check_speculation_allowed(sys_config, BENCHMARKS[benchmark], scenario)
         if benchmark not in sys_config.datasets:
@@ -137,5 +145,5 @@ class RunConfig:
             _check_reference(reference, sys_config.datasets[benchmark], system)
         user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
         check_user_conf(user_conf)
-        log_dir = root / "build" / "logs" / system / benchmark / scenario / mode
+        log_dir = log_dir or root / "build" / "logs" / system / benchmark / scenario / mode
         return RunConfig(sys_config, BENCHMARKS[benchmark], scenario, mode, user_conf, log_dir)

@@ -10,7 +10,9 @@ E / (k c + v) with E = (1 - a^(k+1)) / (1 - a) from the measured acceptance a, c
 a draft forward and v that of a verification of k + 1 rows per sequence, both over a plain decode
 step at the same batch size (the paper takes v = 1; on a CPU, verifying k + 1 rows costs more than
 one). The prediction is for decode steps; prefill, the same in both runs, is added back from the
-plain run's step times. Outputs must be token-identical to plain decoding: the bench says if not.
+plain run's step times. Outputs must be token-identical to plain decoding: where one is not, the
+bench prints transformers' top-2 logit gap (fp32) at the first token that differs, which tells a
+numerical near-tie (gap under 1e-4) from a bug.
 """
 
 import argparse
@@ -124,6 +126,23 @@ def predicted_time_from_steps(plain: StepClock, spec: StepClock, draft_cost: flo
     return plain.prefill_s + step * (plain_steps + spec.verify_steps * (verify_cost + drafts * draft_cost))
 
 
+def first_differences(outputs, plain) -> list[tuple[int, int]]:
+    """(prompt index, position) of the first token where each differing output leaves the plain one."""
+    found = []
+    for i, (ours, base) in enumerate(zip(outputs, plain)):
+        if ours != base:
+            found.append((i, next((p for p, (x, y) in enumerate(zip(ours, base)) if x != y), min(len(ours), len(base)))))
+    return found
+
+
+def top2_gap(model, prompt: list[int], prefix: list[int]) -> float:
+    """transformers' fp32 gap between the two largest logits after `prompt + prefix`."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + prefix])).logits[0, -1].float()
+    top = torch.topk(logits, 2).values
+    return float(top[0] - top[1])
+
+
 def main():
     ap = argparse.ArgumentParser(prog="python -m sut.spec_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="the target model's folder")
@@ -144,6 +163,7 @@ def main():
     header = (f"{'batch':>5} {'proposer':<22} {'tok/s':>6} {'plain':>6} {'accept':>6} {'mean len':>8} "
               f"{'verified':>8} {'c':>5} {'v':>5} {'speed-up':>8} {'Leviathan':>9} {'(v=1)':>6} {'run':>6} {'same':>5}")
     lines = [header]
+    differences = []  # (batch, proposer, prompt index, position)
     print(header, flush=True)
     for batch in map(int, args.batch_sizes.split(",")):
         llm, plain, plain_s, plain_clock = run(args.model, prompts, args.max_new_tokens, batch, None)
@@ -169,6 +189,7 @@ def main():
                     f"{sum(x == y for x, y in zip(outputs, plain)):>2}/{len(plain)}")
             lines.append(line)
             print(line, flush=True)
+            differences += [(batch, name, i, pos, plain[i]) for i, pos in first_differences(outputs, plain)]
             del llm
     print(f"k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy. accept: accepted / "
           "proposed drafts; mean len: tokens per verification; verified: share of decode steps that verified "
@@ -176,6 +197,17 @@ def main():
           "that batch. Predicted speed-ups (prefill time added back): Leviathan's E / (k c + v) from the "
           "acceptance, the same with v = 1 (the paper's assumption), and 'run': the plain run's step time and "
           "these costs applied to the speculating run's own decode steps (with and without drafts)")
+    if differences:
+        from transformers import AutoModelForCausalLM
+
+        reference = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        for batch, name, i, pos, base in differences:
+            gap = top2_gap(reference, prompts[i], base[:pos])
+            verdict = "a near-tie" if gap < 1e-4 else "NOT a near-tie: a bug"
+            line = (f"batch {batch} {name}: prompt {i} differs from plain decoding at new token {pos}; "
+                    f"transformers' top-2 logit gap there {gap:.2e}: {verdict}")
+            lines.append(line)
+            print(line, flush=True)
     return lines
 
 

@@ -125,3 +125,24 @@ def test_bad_speculative_config_is_caught_before_a_run(monkeypatch):
     monkeypatch.setattr(System, "load", staticmethod(lambda name, root: demo))
     with pytest.raises(HarnessConfigError, match="speculative_config.method must be one of"):
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Server", "performance")
+
+
+def test_engine_settings_given_for_one_run_override_the_system_and_are_checked(tmp_path):
+    spec = {"method": "ngram", "num_speculative_tokens": 2}
+    cfg = RunConfig.resolve("cpu-demo", "llama3.1-8b", "Server", "performance",
+                            engine={"speculative_config": spec, "max_num_batched_tokens": 512}, log_dir=tmp_path)
+    settings = cfg.system.engine_settings("Server")
+    assert settings["speculative_config"] == spec and settings["max_num_batched_tokens"] == 512
+    assert settings["cpu"] == {"int16_activations": True}  # the rest of the system's settings stay
+    assert cfg.log_dir == tmp_path
+    with pytest.raises(HarnessConfigError, match="speculative_config.num_speculative_tokens"):
+        RunConfig.resolve("cpu-demo", "llama3.1-8b", "Server", "performance",
+                          engine={"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}})
+    with pytest.raises(HarnessConfigError, match="must be a JSON object"):
+        RunConfig.resolve("cpu-demo", "llama3.1-8b", "Server", "performance", engine=[1])
+
+
+def test_cli_refuses_engine_settings_that_are_not_json():
+    result = subprocess.run([sys.executable, "-m", "harness", "run", "--scenario", "Server", "--engine", "{oops"],
+                            capture_output=True, text=True, cwd=REPO)
+    assert result.returncode != 0 and "--engine is not JSON" in result.stderr
