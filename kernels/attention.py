@@ -33,12 +33,20 @@ class AttentionMetadata:
     seq_lens_host: list[int]
     max_query_len: int = field(init=False)
     max_seq_len: int = field(init=False)
+    num_decodes: int = field(init=False)  # the leading sequences with one query token each
+    max_decode_seq_len: int = field(init=False)
+    rest_cu_seqlens_q: torch.Tensor | None = field(init=False)  # cu_seqlens_q of the others, from 0
     reference_plan: list | None = field(default=None, repr=False)  # built by the first layer, reused by the rest
 
     def __post_init__(self):
-        # Once per step, not per layer: the Triton launchers size their grids from these.
+        # Once per step, not per layer: the Triton launchers size their grids and split the rows by these.
         self.max_query_len = max(self.query_lens_host, default=0)
         self.max_seq_len = max(self.seq_lens_host, default=0)
+        n = len(self.query_lens_host)
+        self.num_decodes = next((i for i, q in enumerate(self.query_lens_host) if q != 1), n)
+        self.max_decode_seq_len = max(self.seq_lens_host[:self.num_decodes], default=0)
+        mixed = 0 < self.num_decodes < n
+        self.rest_cu_seqlens_q = self.cu_seqlens_q[self.num_decodes:] - self.num_decodes if mixed else None
 
 
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
@@ -84,12 +92,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
 
 def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
                            v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """`paged_attention` on the Triton kernels: a step of decodes only runs the decode kernel
-    (split-K over long contexts); any other step runs the prefill kernel for all its sequences,
-    decodes included (they are one-token queries to it)."""
-    if meta.max_query_len == 1:
+    """`paged_attention` on the Triton kernels, split by row kind: the step's leading one-token
+    queries (the scheduler puts plain decodes first) on the decode kernel (split-K over long
+    contexts), the rest (prompts, chunks, verifications) on the prefill kernel, where a decode
+    would fill a tile of up to 128 rows with its few heads. A one-token query further on is still
+    right there, only slower."""
+    d, n = meta.num_decodes, len(meta.query_lens_host)
+    if d == n:
         return decode_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.max_seq_len)
-    return prefill_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale)
+    if d == 0:
+        return prefill_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
+                                        scale)
+    out = torch.empty_like(q)
+    decode_attention_triton(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.seq_lens[:d], scale,
+                            meta.max_decode_seq_len, out=out[:d])
+    prefill_attention_triton(q[d:], k_cache, v_cache, meta.block_tables[d:], meta.rest_cu_seqlens_q,
+                             meta.seq_lens[d:], scale, out=out[d:])
+    return out
 
 
 @dataclass

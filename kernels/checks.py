@@ -10,6 +10,7 @@ import itertools
 
 import torch
 
+from kernels.attention import AttentionMetadata, paged_attention_triton
 from kernels.decode_attention import decode_attention_reference, decode_attention_triton
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
 from kernels.prefill_attention import prefill_attention_reference, prefill_attention_triton
@@ -86,6 +87,25 @@ def check_prefill_attention(query_lens: list[int], seq_lens: list[int], num_q_he
     want = prefill_attention_reference(q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens,
                                        scale)
     return got.float(), want
+
+
+def check_mixed_step_attention(query_lens: list[int], seq_lens: list[int], num_q_heads: int, num_kv_heads: int,
+                               head_dim: int, block_size: int, dtype: torch.dtype, device, seed: int = 0):
+    """A whole step through `paged_attention_triton`, as the model calls it: its leading one-token
+    rows on the decode kernel, the others on the prefill kernel, against the prefill reference for
+    all of them."""
+    g = torch.Generator().manual_seed(seed)
+    k_cache, v_cache, block_tables = random_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g)
+    q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
+    cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    meta = AttentionMetadata(torch.full((len(q),), -1, device=device), block_tables, cu_seqlens_q, lens,
+                             list(query_lens), list(seq_lens))
+    scale = head_dim ** -0.5
+    got = paged_attention_triton(q, None, None, k_cache, v_cache, meta, scale)
+    want = prefill_attention_reference(q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens,
+                                       scale)
+    return got.float(), want, meta.num_decodes
 
 
 def check_store_kvcache(num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,

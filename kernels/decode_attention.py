@@ -119,9 +119,11 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, de
 
 def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                             block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                            max_context_len: int, num_splits: int | None = None) -> torch.Tensor:
+                            max_context_len: int, num_splits: int | None = None,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernels behind `decode_attention_reference`'s interface. `max_context_len` (a host
-    int, so no device sync) sizes the split-K; `num_splits` overrides it (a power of two)."""
+    int, so no device sync) sizes the split-K; `num_splits` overrides it (a power of two). `out`:
+    where to write (a view of a larger step's output), else a new tensor."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
@@ -131,7 +133,8 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
     assert num_splits & (num_splits - 1) == 0, f"num_splits must be a power of two, got {num_splits}"
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
+    assert out.shape == q.shape and out.stride(-1) == 1
     if num_seqs == 0:
         return out
     if num_splits > 1:

@@ -116,9 +116,11 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlen
 
 def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                              block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                             scale: float, block_m: int = BLOCK_M, block_n: int = BLOCK_N) -> torch.Tensor:
+                             scale: float, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
+                             out: torch.Tensor | None = None) -> torch.Tensor:
     """The Triton kernel behind `prefill_attention_reference`'s interface (`block_m`, `block_n`:
-    tile sizes, smaller in tests so that a few tokens span several tiles)."""
+    tile sizes, smaller in tests so that a few tokens span several tiles; `out`: where to write, a
+    view of a larger step's output, else a new tensor)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -129,7 +131,8 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     assert group <= block_m, f"a tile of {block_m} rows cannot hold a group of {group} query heads"
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
     assert block_tables.stride(-1) == 1
-    out = torch.empty_like(q)
+    out = torch.empty_like(q) if out is None else out
+    assert out.shape == q.shape and out.stride(-1) == 1
     if num_tokens == 0:
         return out
     block_q = block_m // group

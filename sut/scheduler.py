@@ -100,7 +100,9 @@ class Scheduler:
         scheduled: dict[Sequence, int] = {}
         preempted = False
         prefill_left = self._prefill_budget(now)
-        for seq in sorted(self.running, key=lambda s: s.is_prefill):  # decodes first
+        # Decodes first, those without drafts before those verifying some: the attention kernels take
+        # a step's leading one-token rows on the decode kernel (kernels/attention.py).
+        for seq in sorted(self.running, key=lambda s: (s.is_prefill, bool(s.spec_token_ids))):
             prefill = seq.is_prefill
             if budget == 0 or (prefill and prefill_left == 0):
                 break

@@ -84,13 +84,17 @@ def main():
             if isinstance(getattr(module, name), triton.runtime.JITFunction) and f"{name}[" in source:
                 setattr(module, name, CompileInsteadOfLaunch(getattr(module, name)))
     # The engine's dtype on a GPU (bf16; fp16 is the same code), Llama-shaped heads (8 KV heads,
-    # GQA 1/4/8, head_dim 64/128); one sequence too (the JIT turns an int argument of 1 into a constant).
+    # GQA 1/4/8, head_dim 64/128: 8B is GQA 4 and 70B GQA 8 at head_dim 128); one sequence too (the
+    # JIT turns an int argument of 1 into a constant); a mixed step (decodes on the decode kernel,
+    # the rest on the prefill kernel) with one sequence and with several on each.
     dtype = torch.bfloat16
-    for gqa, head_dim in ((1, 128), (4, 128), (8, 64)):
+    for gqa, head_dim in ((1, 128), (4, 128), (8, 128), (8, 64)):
         for num_splits in (1, 4):
             checks.check_decode_attention([5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu", num_splits)
         checks.check_prefill_attention([5, 1], [5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
         checks.check_prefill_attention([5], [40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        checks.check_mixed_step_attention([1, 5], [9, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        checks.check_mixed_step_attention([1, 1, 5, 3], [9, 300, 40, 3], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
         checks.check_rotary(3, 8 * gqa, 8, head_dim, dtype, "cpu")
     checks.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
     for with_residual in (False, True):
