@@ -16,7 +16,7 @@ import torch
 from sut.config import SUPPORTED_ARCHITECTURES, EngineConfig, ModelConfig
 from sut.errors import ConfigError
 from sut.model_runner import ModelRunner
-from sut.sampler import sampling_probs
+from sut.sampler import draw, sampling_probs, to_host
 from sut.sequence import Sequence
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
@@ -40,13 +40,17 @@ class DraftModelProposer:
             step = self.runner.prepare_tokens([seqs[i] for i in active], [tokens[i] for i in active],
                                               [starts[i] for i in active], [1] * len(active), block_tables)
             logits = self.runner.execute(step)
-            argmax = logits.argmax(dim=-1).tolist()  # one host read a forward
+            rows = [row for row, i in enumerate(active) if not seqs[i].params.greedy]
+            q = {row: sampling_probs(logits[row], *_sampling(seqs[active[row]])) for row in rows}
+            argmax, *q_host = to_host(logits.argmax(dim=-1), *q.values())  # one host read a forward
+            drawn = dict(zip(rows, draw(q_host, [seqs[active[row]].generator or self.default_generator
+                                                 for row in rows])))
             still = []
             for row, i in enumerate(active):
-                token, q = self._sample(logits[row], argmax[row], seqs[i])
+                token = drawn[row] if row in q else int(argmax[row])
                 drafts[i].append(token)
-                if q is not None:
-                    probs[i].append(q)
+                if row in q:  # greedy drafts carry none: the verifier compares them with the target's argmax
+                    probs[i].append(q[row])
                 starts[i] += len(tokens[i])
                 tokens[i] = [token]
                 if len(drafts[i]) < counts[i]:
@@ -56,14 +60,10 @@ class DraftModelProposer:
             seq.draft_num_computed = start
         return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
 
-    def _sample(self, logits: torch.Tensor, argmax: int, seq: Sequence) -> tuple[int, torch.Tensor | None]:
-        """The draft token and the distribution it was drawn from (None when greedy: the verifier
-        then compares it with the target's argmax and needs no probabilities)."""
-        p = seq.params
-        if p.greedy:
-            return argmax, None
-        q = sampling_probs(logits, p.temperature, p.top_k, p.top_p)
-        return int(torch.multinomial(q.cpu(), 1, generator=seq.generator or self.default_generator)), q
+
+
+def _sampling(seq: Sequence) -> tuple[float, int, float]:
+    return seq.params.temperature, seq.params.top_k, seq.params.top_p
 
 
 def check_draft_folder(draft: Path, target: Path, target_config: ModelConfig) -> ModelConfig:

@@ -9,17 +9,41 @@ from sut.sequence import Sequence
 
 def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...],
            default_generator: torch.Generator) -> list[int]:
+    if not seqs:  # a step of prefill chunks that reach no prompt's end: nothing to wait for
+        return []
     for row, seq in enumerate(seqs):
         if len(seq.output_token_ids) < seq.params.min_tokens:  # min_tokens: no stop before then
             stops = stop_tokens(seq, eos_token_ids)
             if stops:
                 logits[row, stops] = float("-inf")
-    tokens = logits.argmax(dim=-1).tolist()
-    for row, seq in enumerate(seqs):
-        if not seq.params.greedy:
-            probs = sampling_probs(logits[row], seq.params.temperature, seq.params.top_k, seq.params.top_p)
-            generator = seq.generator or default_generator
-            tokens[row] = int(torch.multinomial(probs.cpu(), 1, generator=generator))
+    rows = [row for row, seq in enumerate(seqs) if not seq.params.greedy]
+    argmax = logits.argmax(dim=-1)
+    if not rows:
+        return to_host(argmax)[0].tolist()
+    probs = torch.stack([sampling_probs(logits[row], seqs[row].params.temperature, seqs[row].params.top_k,
+                                        seqs[row].params.top_p) for row in rows])
+    argmax, probs = to_host(argmax, probs)
+    tokens = argmax.tolist()
+    for row, drawn in zip(rows, draw(probs, [seqs[row].generator or default_generator for row in rows])):
+        tokens[row] = drawn
+    return tokens
+
+
+def to_host(*tensors: torch.Tensor) -> list[torch.Tensor]:
+    """Host copies of `tensors` after one wait for the device: on CUDA the step's one sync (the
+    copies go to pinned memory without blocking; the wait covers them all). On CPU, themselves."""
+    if all(t.device.type == "cpu" for t in tensors):
+        return list(tensors)
+    copies = [t.to("cpu", non_blocking=True) for t in tensors]
+    torch.cuda.current_stream(tensors[0].device).synchronize()
+    return copies
+
+
+def draw(probs: torch.Tensor, generators: list[torch.Generator]) -> list[int]:
+    """One token from each row of host `probs`, each from its own generator."""
+    tokens = []
+    for row, generator in zip(probs, generators):
+        tokens.append(int(torch.multinomial(row, 1, generator=generator)))
     return tokens
 
 

@@ -12,7 +12,7 @@ A sequence with no drafts is sampled the same way (its one token is the "bonus" 
 
 import torch
 
-from sut.sampler import sampling_probs, stop_tokens
+from sut.sampler import sampling_probs, stop_tokens, to_host
 from sut.sequence import Sequence
 
 
@@ -62,4 +62,4 @@ def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
     out = rejection_sample(torch.tensor(cu, dtype=torch.int32, device=device), draft_token_ids.to(device), draft_probs,
                  target_probs, target_argmax, torch.tensor(greedy, device=device), accept_uniforms.to(device),
                  sample_uniforms.to(device), max(num_draft))
-    return [[t for t in tokens if t >= 0] for tokens in out.tolist()]
+    return [[t for t in tokens if t >= 0] for tokens in to_host(out)[0].tolist()]
