@@ -52,6 +52,8 @@ def run(cfg: RunConfig) -> str:
         raise HarnessConfigError(f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
                                  f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
                                  "error for a response of fewer than 2 tokens")
+    if cfg.warmup:  # first-use compilation and packing here, not in the first queries' latency
+        print(f"warm-up: {engine.warmup():.1f} s before LoadGen starts", flush=True)
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
     if engine.device.type == "cpu":

@@ -144,6 +144,8 @@ class EngineConfig:
     device: str = "auto"  # "auto" = cuda when available, else cpu
     kernels: str = "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"
     seed: int = 0  # for sampled requests without their own seed
+    # Decode-only steps from CUDA graphs (sut/cuda_graphs.py); off until a GPU run has verified them.
+    cuda_graphs: bool = False
     cpu: CpuSettings = CpuSettings()  # the CPU backend's own settings (sut/cpu/settings.py), given as a dict
     speculative_config: SpeculativeConfig | None = None  # speculative decoding (sut/spec_settings.py), given as a dict
 
@@ -184,6 +186,8 @@ class EngineConfig:
             raise ConfigError(f"engine setting device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ConfigError(f"engine setting kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
+        if not isinstance(self.cuda_graphs, bool):
+            raise ConfigError(f"engine setting cuda_graphs must be true or false, got {self.cuda_graphs!r}")
         if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ConfigError(f"engine setting kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         if self.speculative_config is not None:

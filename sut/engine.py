@@ -72,9 +72,7 @@ class LLMEngine:
         if spec is not None and spec.method == "draft_model":
             draft = (draft_config, sum(f.stat().st_size for f in draft_folder.glob("*.safetensors")))
         self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft)
-        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
+        self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
         self.proposer = None
         if spec is not None and spec.method == "ngram":
@@ -86,6 +84,36 @@ class LLMEngine:
         self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
         self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
         self._next_id = itertools.count()
+
+    def _reset_scheduling(self) -> None:
+        """A block manager and scheduler with nothing cached, counted or timed."""
+        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
+
+    def warmup(self) -> float:
+        """Run, before a timed run starts, what its steps will run for the first time: a prompt alone
+        (batch 1), then prompts that fill steps to the token budget in chunks beside decodes (mixed
+        steps) and decode together, greedy and sampled, speculating where the engine does; on CUDA
+        also the decode kernel at every split count. Triton compiles each kernel variant on first use
+        (seconds each) and the CPU backend's GEMMs pack and fault their weights in; here, not in the
+        first queries. Leaves nothing cached, counted or timed; returns the seconds it took."""
+        if self.has_unfinished():
+            raise ConfigError("warmup() runs on an idle engine, before requests arrive")
+        start = time.perf_counter()
+        vocab, budget = self.model_config.vocab_size, self.config.max_num_batched_tokens
+        longest = max(1, min(self.max_model_len - 8, budget + budget // 2))  # two chunks
+        lengths = [7, longest] + [1 + (13 * i) % 48 for i in range(max(0, min(self.config.max_num_seqs, 16) - 2))]
+        prompts = [[(31 * i + 7 * j + 1) % vocab for j in range(n)] for i, n in enumerate(lengths)]
+        params = [SamplingParams(max_tokens=6, ignore_eos=True, **({} if i % 2 else {"temperature": 1.0, "seed": i}))
+                  for i in range(len(prompts))]
+        for group in ([0], range(1, len(prompts))):
+            self.submit([self.make_sequence(prompts[i], params[i]) for i in group])
+            while self.has_unfinished():
+                self.step()
+        self.runner.warmup_kernels()
+        self._reset_scheduling()
+        return time.perf_counter() - start
 
     # ---- requests -------------------------------------------------------------------------
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, request_id=None,

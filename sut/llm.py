@@ -1,8 +1,7 @@
 """The offline API: `LLM(model_path, **engine_settings).generate(prompts, SamplingParams(...))`."""
 
+from contextlib import nullcontext
 from pathlib import Path
-
-from tqdm import tqdm
 
 from sut.engine import LLMEngine, RequestOutput
 from sut.sampling_params import SamplingParams
@@ -27,12 +26,16 @@ class LLM:
         self.engine.submit(seqs)
         order = {seq.request_id: i for i, seq in enumerate(seqs)}
         results: list[RequestOutput | None] = [None] * len(seqs)
-        with tqdm(total=len(seqs), desc="generate", disable=not use_tqdm) as bar:
+        if use_tqdm:
+            from tqdm import tqdm  # here: sut imports with torch and numpy alone (gpu_check)
+
+        with tqdm(total=len(seqs), desc="generate") if use_tqdm else nullcontext() as bar:
             while any(r is None for r in results):
                 for out in self.engine.step():
                     if out.request_id in order:
                         results[order[out.request_id]] = out
-                        bar.update(1)
+                        if bar is not None:
+                            bar.update(1)
         return results
 
     def kv_cache_stats(self) -> dict:

@@ -9,7 +9,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from sut.config import ModelConfig
@@ -41,6 +40,8 @@ def weight_files(folder: Path) -> list[Path]:
 def tensor_names(folder: Path, files: list[Path]) -> dict[Path, list[str]]:
     """Each file's tensor names. A tensor in two files means one of them is not a shard of this
     checkpoint: refused by name, before either is read."""
+    from safetensors import SafetensorError, safe_open  # here: sut imports with torch and numpy alone (gpu_check)
+
     names_in, seen = {}, {}
     for file in files:
         try:
@@ -75,6 +76,8 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, tuple[str, int, torc
 
 
 def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+    from safetensors import SafetensorError, safe_open
+
     folder = Path(folder)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
@@ -112,6 +115,26 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
     missing = sorted(set(expected) - loaded)
     if missing:
         raise CheckpointError(f"{folder}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.rotary = RotaryEmbedding(config, device)
+    return model.eval()
+
+
+def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaForCausalLM:
+    """A model of `config`'s shape with random weights (N(0, 0.02), norms 1), built on the meta
+    device and allocated on `device` only: no checkpoint, for benchmarks of the engine's steps."""
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    model = model.to_empty(device=device).to(dtype)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.requires_grad_(False)
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 0.02, generator=generator)
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = RotaryEmbedding(config, device)

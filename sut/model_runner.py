@@ -7,9 +7,11 @@ from itertools import chain
 import numpy as np
 import torch
 
-from kernels import AttentionMetadata, select_ops
+from kernels import AttentionMetadata, paged_attention_triton, select_ops
+from kernels.decode_attention import MAX_SPLITS, decode_attention_triton
 from sut.config import EngineConfig, ModelConfig
 from sut.cpu.backend import setup_cpu_backend
+from sut.cuda_graphs import DecodeGraphs
 from sut.errors import ConfigError
 from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
@@ -20,13 +22,16 @@ from sut.step_input import StepInput
 class ModelRunner:
     def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, num_blocks: int | None = None,
-                 draft: tuple[ModelConfig, int] | None = None):
+                 draft: tuple[ModelConfig, int] | None = None, model=None):
         """`num_blocks`: the KV pool's size (a draft model's runner takes the target's, to share its
         block tables); by default from the settings or the memory free, shared with `draft` (a draft
-        model's config and weight bytes, loaded after this runner) where there is one."""
+        model's config and weight bytes, loaded after this runner) where there is one. `model`: one
+        already built (random weights, for a benchmark) in place of loading `model_path`'s."""
         self.device = device
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
         self.block_size = config.block_size
-        self.model = load_model(model_path, model_config, dtype, device)
+        self.model = model if model is not None else load_model(model_path, model_config, dtype, device)
         # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend switch.
         self.cpu = setup_cpu_backend(self.model, model_path, config.cpu) if device.type == "cpu" else None
         try:
@@ -51,6 +56,12 @@ class ModelRunner:
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
         spec = config.speculative_config
         self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
+        self.graphs = None
+        if config.cuda_graphs:
+            if device.type != "cuda":
+                raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {device}")
+            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, -(-max_model_len // self.block_size),
+                                       max_model_len, device)
 
     def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
         if config.kv_cache_memory_gb is not None:
@@ -116,13 +127,29 @@ class ModelRunner:
         # so the copy does not wait for the device.
         return tensor.pin_memory().to(self.device, non_blocking=True)
 
+    def warmup_kernels(self) -> None:
+        """On CUDA, the decode kernel at every split count a step may choose (each its own
+        compilation); the engine's warm-up steps cover the rest. It only reads the cache."""
+        if self.device.type != "cuda" or self.model.ops.paged_attention is not paged_attention_triton:
+            return
+        attn = self.model.model.layers[0].self_attn
+        q = torch.zeros(1, attn.num_heads, attn.head_dim, dtype=attn.k_cache.dtype, device=self.device)
+        tables = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
+        lens = torch.ones(1, dtype=torch.int32, device=self.device)
+        splits = 1
+        while splits <= MAX_SPLITS:
+            decode_attention_triton(q, attn.k_cache, attn.v_cache, tables, lens, attn.scale, 1, num_splits=splits)
+            splits *= 2
+
     def execute(self, step: StepInput) -> torch.Tensor:
         """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
         meta = AttentionMetadata(
             slot_mapping=step.slot_mapping, block_tables=step.block_tables, cu_seqlens_q=step.cu_seqlens_q,
             seq_lens=step.seq_lens, query_lens_host=step.query_lens_host, seq_lens_host=step.seq_lens_host,
         )
-        hidden = self.cpu_decoder and self.cpu_decoder.forward(step.input_ids, step.positions, meta)
+        hidden = self.graphs.run(step) if self.graphs else None
+        if hidden is None and self.cpu_decoder:
+            hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
         if hidden is None:
             hidden = self.model(step.input_ids, step.positions, meta)
         if step.logits_indices.shape[0] == 0:

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from sut.cpu.build import library
@@ -200,6 +199,8 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path, int16: bool = False
     path = Path(folder) / GGUF_BLOCKS_FILE
     if not path.is_file() or library() is None:
         return 0
+    from safetensors import SafetensorError, safe_open  # here: sut imports with torch and numpy alone (gpu_check)
+
     targets = [(name, m) for name, m in model.named_modules()
                if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
     checkpoint_names = _checkpoint_names(model)

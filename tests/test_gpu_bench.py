@@ -1,0 +1,60 @@
+"""sut/gpu_bench.py (gpu_check's engine steps) on a tiny Llama shape on CPU, Triton kernels in the
+interpreter: the steps run through the engine's ModelRunner, and the roofline's bytes are the
+weights read plus every context's K/V."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from sut.gpu_bench import StepBench
+from tests.test_triton_kernels import REPO
+
+TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+            rope_theta=10000.0, max_position_embeddings=256, dtype="float32")
+
+
+def test_step_bench_runs_decode_and_mixed_steps(monkeypatch):
+    bench = StepBench(TINY, "cpu", max_num_seqs=4, max_model_len=64, max_tokens=4 * 20 + 2 * 16, kernels="triton",
+                      cpu={"quantized_weights": False})
+    outputs = []
+    execute = bench.runner.execute
+    monkeypatch.setattr(bench.runner, "execute", lambda step: outputs.append(execute(step)) or outputs[-1])
+    decode = bench.measure(3, 20, repeats=2)
+    mixed = bench.measure(2, 20, prefill=16, repeats=2)
+    assert [o.shape for o in outputs] == [(3, 256)] * 4 + [(3, 256)] * 4  # 2 warm + 2 timed; logits per sequence
+    assert all(torch.isfinite(o).all() for o in outputs)
+    embed = 256 * 64 * 4
+    weights = sum(p.numel() * 4 for p in bench.runner.model.parameters()) - embed
+    kv_per_token = 2 * 2 * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads, head_dim 16, fp32
+    assert decode["bytes_read"] == weights + 3 * 20 * kv_per_token
+    assert mixed["bytes_read"] == weights + (2 * 20 + 2 * 16) * kv_per_token
+    assert decode["gpu_ms"] > 0 and mixed["tokens_per_s"] > 0 and not decode["cuda_graphs"]
+    assert bench.block_manager.num_free_blocks == bench.block_manager.num_blocks  # each step's sequences freed
+
+
+REQUIREMENTS_BEYOND_GPU_CHECK = ("mlperf_loadgen", "transformers", "tokenizers", "safetensors", "datasets", "pandas",
+                                 "yaml", "tqdm", "gguf", "accelerate", "pytest", "rouge_score", "absl", "six", "nltk")
+
+
+def test_gpu_check_needs_nothing_beyond_torch_triton_numpy(tmp_path):
+    """What a lent GPU machine has: in a process where our other requirements cannot be imported
+    (as in a venv without them; torch's optional imports fall back as they would there), every
+    module gpu_check's GPU path imports (the engine's steps included) loads, and without a GPU it
+    says so and exits 0."""
+    code = f"""
+import importlib.abc, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {set(REQUIREMENTS_BEYOND_GPU_CHECK)!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+sys.meta_path.insert(0, Absent())
+import triton.testing, kernels.gpu_check, sut.gpu_bench
+sys.exit(kernels.gpu_check.main(["--out", {str(tmp_path)!r}]))
+"""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "no CUDA GPU" in out.stdout
