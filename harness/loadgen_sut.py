@@ -15,16 +15,18 @@ import threading
 import mlperf_loadgen as lg
 import numpy as np
 
-from sut import LLMEngine, SamplingParams
+from sut import LLMEngine, WorkerError, SamplingParams
 
 
 class EngineLoop:
     """Steps the engine while it has work, in the thread that calls `run`, until `stop`; calls
-    `on_finish(output)` for each finished request."""
+    `on_finish(output)` for each finished request. A dead replica (WorkerError) is fatal: what was
+    in flight is answered with errors, then `on_fatal(error)` ends the run."""
 
-    def __init__(self, engine: LLMEngine, on_finish):
+    def __init__(self, engine: LLMEngine, on_finish, on_fatal=None):
         self.engine = engine
         self.on_finish = on_finish
+        self.on_fatal = on_fatal
         self._wake = threading.Event()
         self._stop = False
 
@@ -37,12 +39,17 @@ class EngineLoop:
                 self._wake.wait(0.05)
                 self._wake.clear()
                 continue
+            fatal = None
             try:
                 outputs = self.engine.step()
+            except WorkerError as e:
+                fatal, outputs = e, self.engine.fail_all(str(e))
             except Exception as e:  # fail what is in flight, answer it, keep serving
                 outputs = self.engine.fail_all(f"engine step failed: {e!r}")
             for out in outputs:
                 self.on_finish(out)
+            if fatal is not None and self.on_fatal is not None:
+                self.on_fatal(fatal)
 
     def stop(self) -> None:
         self._stop = True
@@ -60,7 +67,7 @@ class EngineSUT:
     """One adapter for every scenario; `stream_first_token` is on for Server and Interactive."""
 
     def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, stream_first_token: bool,
-                 on_complete=None):
+                 on_complete=None, on_fatal=None):
         self.engine = engine
         self.on_complete = on_complete  # called with each finished output (a progress bar)
         self.prompts = prompts  # QSL index -> token ids
@@ -68,7 +75,7 @@ class EngineSUT:
         self.stream_first_token = stream_first_token
         self.errors: list[str] = []
         self._lock = threading.Lock()
-        self.loop = EngineLoop(engine, self._on_finish)
+        self.loop = EngineLoop(engine, self._on_finish, on_fatal)
         self.handle = lg.ConstructSUT(self.issue_queries, self.flush_queries)
 
     def issue_queries(self, query_samples) -> None:

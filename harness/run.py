@@ -2,7 +2,9 @@
 build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict."""
 
 import json
+import os
 import shutil
+import sys
 
 import mlperf_loadgen as lg
 from tqdm import tqdm
@@ -34,9 +36,19 @@ def run(cfg: RunConfig) -> str:
         raise HarnessConfigError(f"{cfg.user_conf}: LoadGen refused it (see its log line above)")
     settings.scenario, settings.mode = SCENARIOS[cfg.scenario], MODES[cfg.mode]
 
-    from sut import LLMEngine, SamplingParams
+    from sut import make_engine
 
-    engine = LLMEngine(cfg.system.model, **cfg.system.engine_settings(cfg.scenario))
+    # One engine, or with data_parallel_size > 1 a pool of replica processes behind the same interface.
+    engine = make_engine(cfg.system.model, **cfg.system.engine_settings(cfg.scenario))
+    try:
+        return _run(cfg, engine, dataset, settings)
+    finally:
+        engine.close()
+
+
+def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
+    from sut import SamplingParams
+
     # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1).
     # With token latencies on, LoadGen (logging.cc, AsyncLog::RecordSampleCompletion) logs an
     # error_runtime "Number of tokens need to be greater than 1" for n_tokens == 1 (and for 0), then
@@ -65,7 +77,7 @@ def run(cfg: RunConfig) -> str:
     log_settings.log_output.copy_summary_to_stdout = False
     bar = tqdm(desc=f"{cfg.scenario} {cfg.mode}", unit="sample")
     sut = EngineSUT(engine, dataset.input_ids, params, stream_first_token=cfg.scenario != "Offline",
-                    on_complete=lambda out: bar.update(1))
+                    on_complete=lambda out: bar.update(1), on_fatal=lambda error: _abandon(engine, error))
     performance_count = min(len(dataset), settings.performance_sample_count_override or len(dataset))
     qsl = construct_qsl(len(dataset), performance_count)
     # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
@@ -107,6 +119,15 @@ def run(cfg: RunConfig) -> str:
         latency = f", p99 TTFT {ttft / 1e6:.0f} ms, p99 TPOT {tpot / 1e6:.1f} ms"
     return (f"{cfg.scenario} {cfg.mode}: {validity(detail, cfg.mode)}, {tokens_per_s:.1f} tokens/s{latency}; "
             f"{len(sut.errors)} errors{speculation}; logs in {cfg.log_dir}")
+
+
+def _abandon(engine, error: Exception) -> None:
+    """A replica died: what was in flight has been answered; end the run now, with the error, rather
+    than answer LoadGen's remaining schedule with errors for minutes. LoadGen's thread cannot be
+    stopped, so the process exits, after stopping the other replicas (none is left behind)."""
+    print(f"\nerror: harness: {error}; the run is abandoned", file=sys.stderr, flush=True)
+    engine.close()
+    os._exit(3)
 
 
 def validity(detail: dict, mode: str) -> str:

@@ -1,13 +1,15 @@
 """The system under test: an LLM engine for Llama-family models with a paged KV cache, continuous
-batching with chunked prefill, preemption, greedy or seeded sampling, and speculative decoding
-(n-gram or draft-model proposers, exact verification). Its CPU backend lives in sut/cpu/."""
+batching with chunked prefill, preemption, greedy or seeded sampling, speculative decoding (n-gram
+or draft-model proposers, exact verification), data-parallel replicas and tensor parallelism. Its
+CPU backend lives in sut/cpu/."""
 
 import torch
 
 from sut.cpu.build import cpu_description
 from sut.engine import LLMEngine, RequestOutput
-from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, UnsupportedModelError
+from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, UnsupportedModelError, WorkerError
 from sut.llm import LLM
+from sut.replicas import ReplicaPool, make_engine
 from sut.sampling_params import SamplingParams
 
 
@@ -19,4 +21,5 @@ def machine_description() -> str:
 
 
 __all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "SaafError", "InvalidRequestError",
-           "ConfigError", "UnsupportedModelError", "CheckpointError", "machine_description"]
+           "ConfigError", "UnsupportedModelError", "CheckpointError", "machine_description", "make_engine",
+           "ReplicaPool", "WorkerError"]

@@ -146,6 +146,8 @@ class EngineConfig:
     seed: int = 0  # for sampled requests without their own seed
     # Decode-only steps from CUDA graphs (sut/cuda_graphs.py); off until a GPU run has verified them.
     cuda_graphs: bool = False
+    data_parallel_size: int = 1  # engine replicas, each a process on its own GPU or cores (sut/replicas.py)
+    tensor_parallel_size: int = 1  # ranks one model is split over, each a process (sut/tensor_parallel.py)
     cpu: CpuSettings = CpuSettings()  # the CPU backend's own settings (sut/cpu/settings.py), given as a dict
     speculative_config: SpeculativeConfig | None = None  # speculative decoding (sut/spec_settings.py), given as a dict
 
@@ -161,7 +163,8 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "data_parallel_size",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine setting {name} must be a positive integer, got {value!r}")

@@ -6,7 +6,9 @@ callback raises is finished alone with an error; neither disturbs the others.
 """
 
 import itertools
+import multiprocessing as mp
 import operator
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -14,17 +16,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from sut.block_manager import BlockManager
 from sut.draft_proposer import DraftModelProposer, check_draft_folder
 from sut.config import DTYPES, EngineConfig, ModelConfig
-from sut.errors import CheckpointError, ConfigError, InvalidRequestError
+from sut.errors import CheckpointError, ConfigError, InvalidRequestError, WorkerError
 from sut.model_runner import ModelRunner
 from sut.proposer import NgramProposer
 from sut.sampler import sample
 from sut.sampling_params import SamplingParams
 from sut.scheduler import Scheduler
 from sut.sequence import Sequence
+from sut.tensor_parallel import Shard, broadcast, check_divides, free_port, init_group, worker_main
 from sut.verifier import verify
 
 
@@ -42,12 +46,15 @@ class RequestOutput:
 class LLMEngine:
     def __init__(self, model_path: str | Path, **settings):
         self.config = EngineConfig.from_kwargs(**settings)
+        if self.config.data_parallel_size > 1:
+            raise ConfigError("engine setting data_parallel_size > 1 runs several engines: use sut.make_engine "
+                              "(or LLM), which starts them")
         folder = Path(model_path).expanduser()
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: model folder does not exist")
         self.model_config = ModelConfig.from_folder(folder)
         mc = self.model_config
-        self.max_model_len = self.config.max_model_len or mc.max_position_embeddings
+        self.max_model_len = _max_model_len(self.config, mc)
         if self.max_model_len > mc.max_position_embeddings:
             raise ConfigError(f"engine setting max_model_len={self.max_model_len} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
@@ -55,7 +62,7 @@ class LLMEngine:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        self.dtype = mc.dtype if self.config.dtype == "auto" else DTYPES[self.config.dtype]
+        self.dtype = _dtype(self.config, mc)
         spec = self.config.speculative_config
         if spec is not None:
             spec.check_fits(self.max_model_len, self.config.max_num_batched_tokens)
@@ -71,7 +78,17 @@ class LLMEngine:
         draft = None
         if spec is not None and spec.method == "draft_model":
             draft = (draft_config, sum(f.stat().st_size for f in draft_folder.glob("*.safetensors")))
-        self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft)
+        self.ranks, shard = self._start_ranks(folder, settings)
+        try:
+            self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft,
+                                      shard=shard)
+            if shard is not None:  # the other ranks size their caches as this one, then say what they hold
+                broadcast(self.runner.num_blocks)
+                self.rank_weight_bytes = [None] * shard.size
+                dist.all_gather_object(self.rank_weight_bytes, self.runner.weight_bytes)
+        except BaseException:
+            self.close()
+            raise
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
         self.proposer = None
@@ -84,6 +101,40 @@ class LLMEngine:
         self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
         self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
         self._next_id = itertools.count()
+
+    def _start_ranks(self, folder: Path, settings: dict):
+        """With tensor_parallel_size > 1: the other ranks' processes, and this one's shard (rank 0)."""
+        size = self.config.tensor_parallel_size
+        if size == 1:
+            return [], None
+        check_divides(self.model_config, size)
+        if self.config.cuda_graphs:
+            raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
+        if self.device.type == "cuda" and torch.cuda.device_count() < size:
+            raise ConfigError(f"engine setting tensor_parallel_size={size} needs {size} GPUs, and "
+                              f"{torch.cuda.device_count()} are visible")
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", 0)  # rank r runs on the r-th visible GPU
+        elif hasattr(os, "sched_getaffinity"):
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+        port, ctx = free_port(), mp.get_context("spawn")
+        ranks = [ctx.Process(target=worker_main, name=f"saaf-tp-rank-{r}", daemon=True,
+                             args=(r, size, port, str(folder), settings, self.device.type)) for r in range(1, size)]
+        for proc in ranks:
+            proc.start()
+        init_group(0, size, port, self.device)
+        return ranks, Shard(0, size)
+
+    def _dead_rank(self) -> str | None:
+        """The first tensor-parallel rank that died, described (it may take a moment to be reaped)."""
+        deadline = time.monotonic() + 2.0
+        while True:
+            for r, proc in enumerate(self.ranks, 1):
+                if proc.exitcode is not None:
+                    return f"tensor-parallel rank {r} (pid {proc.pid}) died (exit code {proc.exitcode})"
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.05)
 
     def _reset_scheduling(self) -> None:
         """A block manager and scheduler with nothing cached, counted or timed."""
@@ -125,27 +176,10 @@ class LLMEngine:
 
     def make_sequence(self, prompt, params=None, request_id=None, on_token=None) -> Sequence:
         """Validate a request and build its sequence without queueing it."""
-        params = params or SamplingParams()
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise InvalidRequestError("a text prompt needs a tokenizer, and the model folder has none")
-            token_ids = self.tokenizer.encode(prompt) if prompt else []
-        else:
-            token_ids = [_as_token_id(t, pos) for pos, t in enumerate(prompt)]
-        if not token_ids:
-            raise InvalidRequestError("prompt is empty")
-        vocab = self.model_config.vocab_size
-        for pos, t in enumerate(token_ids):
-            if not 0 <= t < vocab:
-                raise InvalidRequestError(f"prompt token id {t} at position {pos} is outside the vocabulary [0, {vocab})")
-        if len(token_ids) >= self.max_model_len:
-            raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the maximum is {self.max_model_len - 1} "
-                                      f"(max_model_len={self.max_model_len}, with room for one new token)")
         if request_id is None:
             request_id = next(self._next_id)
-        max_tokens = min(params.max_tokens, self.max_model_len - len(token_ids))
-        generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-        return Sequence(request_id, token_ids, params, max_tokens, on_token, generator)
+        return make_sequence(prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size,
+                             self.max_model_len)
 
     def submit(self, seqs: list[Sequence]) -> None:
         with self._lock:
@@ -174,7 +208,13 @@ class LLMEngine:
         batch = self.scheduler.schedule(start)
         if batch:
             step_input = self.runner.prepare(batch)
-            logits = self.runner.execute(step_input)
+            try:
+                logits = self.runner.execute(step_input)
+            except RuntimeError as e:  # a collective fails when a rank has gone
+                dead = self.ranks and self._dead_rank()
+                if dead:
+                    raise WorkerError(dead) from e
+                raise
             if self.proposer is None:
                 sampled = [[t] for t in sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)]
             else:
@@ -228,6 +268,25 @@ class LLMEngine:
         return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids), text,
                              seq.finish_reason, seq.error, seq.num_preemptions)
 
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any, and wait for them (killing one that does not
+        stop): none is left behind."""
+        ranks, self.ranks = getattr(self, "ranks", []), []
+        if not ranks:
+            return
+        if all(proc.is_alive() for proc in ranks):
+            try:
+                broadcast(None)
+            except RuntimeError:
+                pass  # a rank went meanwhile: the kill below ends the rest
+        for proc in ranks:
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def spec_stats(self) -> dict | None:
         """Speculative decoding's counts and rates (sut/spec_metrics.py), with the method; None when
         the engine does not speculate."""
@@ -247,6 +306,46 @@ class LLMEngine:
             "num_preemptions": self.scheduler.num_preemptions,
             "num_prefix_hit_tokens": self.block_manager.num_prefix_hit_tokens,
         }
+
+
+def _max_model_len(config: EngineConfig, mc: ModelConfig) -> int:
+    return config.max_model_len or mc.max_position_embeddings
+
+
+def _dtype(config: EngineConfig, mc: ModelConfig) -> torch.dtype:
+    return mc.dtype if config.dtype == "auto" else DTYPES[config.dtype]
+
+
+def build_runner(model_path: str, settings: dict, device: torch.device, shard: Shard, num_blocks: int) -> ModelRunner:
+    """Tensor-parallel rank `shard.rank`'s runner: the engine's settings and model, its part of them."""
+    config = EngineConfig.from_kwargs(**settings)
+    mc = ModelConfig.from_folder(model_path)
+    return ModelRunner(model_path, mc, config, _max_model_len(config, mc), _dtype(config, mc), device, num_blocks,
+                       shard=shard)
+
+
+def make_sequence(prompt: str | list[int], params: SamplingParams | None, request_id, on_token, tokenizer,
+                  vocab_size: int, max_model_len: int) -> Sequence:
+    """A request's sequence, after checking its prompt (text needs `tokenizer`) and clamping
+    max_tokens to what max_model_len leaves: InvalidRequestError naming what is wrong."""
+    params = params or SamplingParams()
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise InvalidRequestError("a text prompt needs a tokenizer, and the model folder has none")
+        token_ids = tokenizer.encode(prompt) if prompt else []
+    else:
+        token_ids = [_as_token_id(t, pos) for pos, t in enumerate(prompt)]
+    if not token_ids:
+        raise InvalidRequestError("prompt is empty")
+    for pos, t in enumerate(token_ids):
+        if not 0 <= t < vocab_size:
+            raise InvalidRequestError(f"prompt token id {t} at position {pos} is outside the vocabulary [0, {vocab_size})")
+    if len(token_ids) >= max_model_len:
+        raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the maximum is {max_model_len - 1} "
+                                  f"(max_model_len={max_model_len}, with room for one new token)")
+    max_tokens = min(params.max_tokens, max_model_len - len(token_ids))
+    generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
+    return Sequence(request_id, token_ids, params, max_tokens, on_token, generator)
 
 
 def _as_token_id(value, pos: int) -> int:

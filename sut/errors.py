@@ -24,6 +24,11 @@ class CheckpointError(SaafError):
     """A model folder with missing, truncated or mismatched weight files."""
 
 
+class WorkerError(SaafError):
+    """A process of the engine's (a data-parallel replica, a tensor-parallel rank) died or could not
+    start: the engine cannot go on."""
+
+
 def run_cli(main: Callable[[], object], errors: tuple[type[BaseException], ...] = (SaafError,)) -> None:
     """Run a command-line entry point: an error of `errors` (a user's mistake: a bad setting, a
     missing file) ends it with `error: <message>` on stderr and exit status 2, not a traceback."""

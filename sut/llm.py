@@ -3,13 +3,14 @@
 from contextlib import nullcontext
 from pathlib import Path
 
-from sut.engine import LLMEngine, RequestOutput
+from sut.engine import RequestOutput
+from sut.replicas import make_engine
 from sut.sampling_params import SamplingParams
 
 
 class LLM:
     def __init__(self, model: str | Path, **engine_settings):
-        self.engine = LLMEngine(model, **engine_settings)
+        self.engine = make_engine(model, **engine_settings)  # several replicas with data_parallel_size > 1
         self.tokenizer = self.engine.tokenizer
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,

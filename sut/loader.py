@@ -14,6 +14,7 @@ from torch import nn
 from sut.config import ModelConfig
 from sut.errors import CheckpointError
 from sut.model import FusedLinear, LlamaForCausalLM, RotaryEmbedding
+from sut.tensor_parallel import Shard, local_config, read_shard
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 
@@ -75,10 +76,15 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, tuple[str, int, torc
     return layout
 
 
-def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> LlamaForCausalLM:
+def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+               shard: Shard | None = None) -> LlamaForCausalLM:
+    """`shard`: a tensor-parallel rank's part (sut/tensor_parallel.py), of which alone it reads the
+    checkpoint's slices."""
     from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
+    if shard is not None:
+        config = local_config(config, shard.size)
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     expected = checkpoint_layout(model)
@@ -97,9 +103,10 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
                 # One tensor per opening: the file's pages are mapped only while their tensor is
                 # copied, so peak memory stays about one copy of the weights.
                 with safe_open(file, framework="pt", device="cpu") as f:
-                    tensor = f.get_tensor(name)
+                    tensor = read_shard(f, name, shard)
                 if tensor.shape != shape:
-                    raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)}, "
+                    what = f"its tensor-parallel slice {shard.rank}/{shard.size}" if shard else "it"
+                    raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
                                           f"config.json implies {tuple(shape)}")
                 module_name, _, leaf = param_name.rpartition(".")
                 module = model.get_submodule(module_name)
@@ -118,6 +125,10 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = RotaryEmbedding(config, device)
+    if shard is not None:
+        model.tp = shard
+        for layer in model.model.layers:
+            layer.self_attn.tp = layer.mlp.tp = shard
     return model.eval()
 
 

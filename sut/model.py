@@ -13,6 +13,7 @@ from torch import nn
 
 from kernels import TORCH_OPS, AttentionMetadata, KernelOps
 from sut.config import ModelConfig
+from sut.tensor_parallel import Shard, all_reduce, embed, gather_logits
 
 
 class RMSNorm(nn.Module):
@@ -83,6 +84,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.scale = self.head_dim ** -0.5
         self.k_cache = self.v_cache = torch.empty(0)  # views into the runner's KV pool
+        self.tp: Shard | None = None  # tensor parallel: this rank's heads, its output summed over the ranks
 
     def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps):
         n = x.shape[0]
@@ -93,7 +95,8 @@ class LlamaAttention(nn.Module):
         q, k = ops.rotary(q, k, *rope)
         ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         o = ops.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
-        return self.o_proj(o.view(n, -1))
+        out = self.o_proj(o.view(n, -1))
+        return all_reduce(out) if self.tp else out
 
 
 class LlamaMLP(nn.Module):
@@ -103,9 +106,11 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = FusedLinear(config.hidden_size, {"gate_proj": config.intermediate_size,
                                                              "up_proj": config.intermediate_size}, bias)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.tp: Shard | None = None  # tensor parallel: this rank's features, its output summed over the ranks
 
     def forward(self, x, ops: KernelOps):
-        return self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        out = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return all_reduce(out) if self.tp else out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -141,11 +146,12 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # built on the real device after loading
         self.ops: KernelOps = TORCH_OPS  # the runner picks the backend
+        self.tp: Shard | None = None  # tensor parallel (sut/tensor_parallel.py): this rank's vocabulary rows
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states `[num_tokens, hidden]` of a flat batch of tokens."""
-        x = self.model.embed_tokens(input_ids)
+        x = embed(self.model.embed_tokens, input_ids, self.tp) if self.tp else self.model.embed_tokens(input_ids)
         rope = self.rotary(positions, x.dtype)
         residual = None
         for layer in self.model.layers:
@@ -154,4 +160,5 @@ class LlamaForCausalLM(nn.Module):
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        logits = self.lm_head(hidden).float()
+        return gather_logits(logits, self.tp) if self.tp else logits

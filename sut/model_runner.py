@@ -2,6 +2,7 @@
 batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
 `execute` runs the forward on it and returns the logits of the rows the batch wants."""
 
+import dataclasses
 from itertools import chain
 
 import numpy as np
@@ -17,23 +18,33 @@ from sut.loader import load_model
 from sut.scheduler import ScheduledBatch
 from sut.sequence import Sequence
 from sut.step_input import StepInput
+from sut.tensor_parallel import Shard, broadcast, local_config
 
 
 class ModelRunner:
     def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, num_blocks: int | None = None,
-                 draft: tuple[ModelConfig, int] | None = None, model=None):
+                 draft: tuple[ModelConfig, int] | None = None, model=None, shard: Shard | None = None):
         """`num_blocks`: the KV pool's size (a draft model's runner takes the target's, to share its
         block tables); by default from the settings or the memory free, shared with `draft` (a draft
         model's config and weight bytes, loaded after this runner) where there is one. `model`: one
-        already built (random weights, for a benchmark) in place of loading `model_path`'s."""
+        already built (random weights, for a benchmark) in place of loading `model_path`'s. `shard`:
+        a tensor-parallel rank's part of the model and its KV cache; rank 0's runner broadcasts each
+        step input to the other ranks' (sut/tensor_parallel.py)."""
         self.device = device
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
         self.block_size = config.block_size
-        self.model = model if model is not None else load_model(model_path, model_config, dtype, device)
+        self.shard = shard
+        self.model = model if model is not None else load_model(model_path, model_config, dtype, device, shard)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
+        if shard is not None:
+            model_config = local_config(model_config, shard.size)
         # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend switch.
-        self.cpu = setup_cpu_backend(self.model, model_path, config.cpu) if device.type == "cpu" else None
+        # Its GGUF blocks hold whole layers, and its one-call decoder runs every layer without the
+        # ranks' all-reduces: a tensor-parallel rank runs without either.
+        cpu_settings = config.cpu if shard is None else dataclasses.replace(config.cpu, quantized_weights=False)
+        self.cpu = setup_cpu_backend(self.model, model_path, cpu_settings) if device.type == "cpu" else None
         try:
             self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
         except ValueError as e:  # kernels knows nothing of the engine's errors
@@ -55,7 +66,7 @@ class ModelRunner:
         # the step's hidden states, or None for a step it does not take.
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
         spec = config.speculative_config
-        self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
+        self.cpu_decoder = None if shard else self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
         self.graphs = None
         if config.cuda_graphs:
             if device.type != "cuda":
@@ -143,6 +154,8 @@ class ModelRunner:
 
     def execute(self, step: StepInput) -> torch.Tensor:
         """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
+        if self.shard is not None and self.shard.rank == 0:
+            broadcast(step)  # the other ranks run the same forward on their shards
         meta = AttentionMetadata(
             slot_mapping=step.slot_mapping, block_tables=step.block_tables, cu_seqlens_q=step.cu_seqlens_q,
             seq_lens=step.seq_lens, query_lens_host=step.query_lens_host, seq_lens_host=step.seq_lens_host,

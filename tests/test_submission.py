@@ -4,10 +4,13 @@ queries, enough for early stopping), the packaged tree, and our checker: the goo
 each planted defect is caught with a message naming it."""
 
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -400,3 +403,52 @@ def test_a_speculating_run_records_its_metrics_and_the_tree_names_the_proposer(c
     notes = json.loads((org / "systems/tiny.json").read_text())["sw_notes"]
     assert "llama3.1-8b Server: speculative decoding with n-gram prompt lookup (k=3" in notes
     assert check_tree(copy, demo=True).errors == []
+
+
+def _replica_pids(pid: int) -> list[int]:
+    """The data-parallel replicas among a process's children (multiprocessing's spawned workers)."""
+    children = (f"/proc/{pid}/task/{pid}/children")
+    pids = [int(c) for c in open(children).read().split()]
+    return [c for c in pids if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()
+            and b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()]
+
+
+def test_two_replicas_from_the_cli_answer_each_sample_once(chain, tmp_path):
+    root, _, _ = chain
+    done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Offline",
+                           "--mode", "accuracy", "--root", str(root), "--log-dir", str(tmp_path),
+                           "--engine", '{"data_parallel_size": 2}'], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1].startswith("Offline accuracy: PASS"), done.stdout
+    entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
+    assert sorted(e["qsl_idx"] for e in entries) == list(range(NUM_SAMPLES))
+
+
+def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(chain, tmp_path):
+    root, _, _ = chain
+    conf = tmp_path / "user.conf"  # a run long enough to be killed in
+    conf.write_text("llama3_1-8b.Server.target_qps = 20\nllama3_1-8b.Server.min_duration = 60000\n"
+                    "llama3_1-8b.Server.min_query_count = 100\n")
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Server",
+                             "--mode", "performance", "--root", str(root), "--log-dir", str(logs), "--user-conf",
+                             str(conf), "--engine", '{"data_parallel_size": 2}'], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        replicas, deadline = [], time.monotonic() + 120
+        while (len(replicas) < 2 or not (logs / "mlperf_log_detail.txt").exists()) and time.monotonic() < deadline:
+            time.sleep(0.5)  # LoadGen has started once its detail log exists
+            replicas = _replica_pids(proc.pid)
+        assert len(replicas) == 2, "the run did not start two replicas"
+        time.sleep(1.0)
+        os.kill(replicas[1], signal.SIGKILL)
+        killed = time.monotonic()
+        _, stderr = proc.communicate(timeout=30)
+        assert time.monotonic() - killed < 15, "the run did not end within seconds"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 3
+    assert re.search(rf"data-parallel replica 1 \(pid {replicas[1]}, cores .*\) died .*the run is abandoned", stderr)
+    for pid in replicas:
+        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]

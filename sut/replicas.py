@@ -1,0 +1,337 @@
+"""Data parallelism: `data_parallel_size` engine replicas, each an LLMEngine in its own process
+pinned to its own devices (CUDA_VISIBLE_DEVICES) or, on CPU, to a disjoint set of cores with as many
+threads, behind one object with the online engine's interface (`add_request`, `step`, ...), so the
+offline API and the LoadGen harness drive N replicas as they drive one engine.
+
+A request goes to the replica with the least outstanding work (prompt plus max_tokens of what it
+has in flight, a token count, as the prefill and decode it still owes). Each replica steps its
+engine and, once a step, sends back what that step produced: the tokens of requests that stream
+them and the requests that finished. A replica that dies (killed, out of memory, an exception)
+makes the next `step` raise WorkerError naming it; every request still in flight then gets an
+error output from `fail_all`, once, and the pool refuses new ones.
+"""
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+import weakref
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+
+from sut.config import EngineConfig, ModelConfig
+from sut.engine import LLMEngine, RequestOutput, _load_tokenizer, make_sequence
+from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, WorkerError
+from sut.sampling_params import SamplingParams
+from sut.sequence import Sequence
+
+POLL_S = 0.05  # how long `step` waits for a replica's news before looking at the processes
+
+
+def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
+    """Each replica's environment and cores: on CUDA `gpus_each` GPUs each (its tensor-parallel
+    ranks'; the engine sees them from cuda:0 on), on CPU a contiguous, disjoint share of this
+    process's cores."""
+    if device.startswith("cuda"):
+        import torch
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        if len(gpus) < n * gpus_each:
+            raise ConfigError(f"engine settings data_parallel_size={n} x tensor_parallel_size={gpus_each} need "
+                              f"{n * gpus_each} GPUs, and {len(gpus)} are visible")
+        return [dict(env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_each:(i + 1) * gpus_each])}, cores=None)
+                for i in range(n)]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    if len(cores) < n:
+        raise ConfigError(f"engine setting data_parallel_size={n} needs {n} cores, and this process has {len(cores)}")
+    share = len(cores) // n
+    # OMP_NUM_THREADS for the C kernels' OpenMP, which sizes its pool when their library loads.
+    return [dict(env={"OMP_NUM_THREADS": str(share)}, cores=cores[i * share:(i + 1) * share]) for i in range(n)]
+
+
+def _replica_main(index: int, model: str, settings: dict, cores: list[int] | None, inbox, outbox) -> None:
+    """A replica's process (its environment set at spawn): build the engine, then step it and take
+    requests until told to stop or its parent is gone."""
+    import torch
+
+    parent = os.getppid()
+    if cores:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
+    try:
+        engine = LLMEngine(model, **settings)
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the replica
+        outbox.put(("failed", index, f"{type(e).__name__}: {e}"))
+        return
+    outbox.put(("ready", index, engine.max_model_len))
+    streamed: list[tuple[object, int]] = []  # (request id, token) of this step, for the parent's on_token
+    while True:
+        messages = []
+        while not messages and not engine.has_unfinished():
+            try:
+                messages.append(inbox.get(timeout=1.0))
+            except queue.Empty:
+                if os.getppid() != parent:  # orphaned (the parent was killed): nobody to answer
+                    return
+        while True:
+            try:
+                messages.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        for kind, *args in messages:
+            if kind == "stop":
+                return
+            if kind == "add":
+                request_id, prompt, params, stream = args
+                on_token = (lambda token, rid=request_id: streamed.append((rid, token))) if stream else None
+                try:
+                    engine.add_request(prompt, params, request_id, on_token)
+                except SaafError as e:
+                    outbox.put(("step", index, [], [RequestOutput(request_id, prompt, [], None, "error", str(e))]))
+            elif kind == "abort":
+                engine.abort(args[0])
+            elif kind == "warmup":
+                outbox.put(("warm", index, engine.warmup()))
+            elif kind == "stats":
+                outbox.put(("stats", index, engine.spec_stats(), engine.kv_cache_stats()))
+        if engine.has_unfinished():
+            try:
+                finished = engine.step()
+            except Exception as e:  # noqa: BLE001 - fail what is in flight, answer it, keep serving
+                finished = engine.fail_all(f"engine step failed in data-parallel replica {index}: {e!r}")
+            if finished or streamed:
+                outbox.put(("step", index, streamed, finished))
+                streamed = []
+
+
+@contextmanager
+def _environment(values: dict):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class ReplicaPool:
+    """N replicas of `LLMEngine(model, **settings)` (settings without data_parallel_size) with the
+    online engine's interface."""
+
+    def __init__(self, model: str | Path, data_parallel_size: int, **settings):
+        self.config = EngineConfig.from_kwargs(**settings)
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: model folder does not exist")
+        self.model_config = ModelConfig.from_folder(folder)
+        self.tokenizer = _load_tokenizer(folder)
+        device = self.config.device
+        if device == "auto":
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda:"):
+            raise ConfigError(f"engine setting device={device!r} names one GPU, and data_parallel_size="
+                              f"{data_parallel_size} gives each replica its own: use 'cuda'")
+        import torch
+
+        self.device = torch.device(device)
+        self.num_replicas = data_parallel_size
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no forked CUDA or thread state
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(data_parallel_size)]
+        self.placements = placements(data_parallel_size, device, self.config.tensor_parallel_size)
+        self._procs = []
+        for i, place in enumerate(self.placements):
+            # Not daemonic, so that a replica can start tensor-parallel ranks of its own; the
+            # finalizer below stops them at exit, and each stops by itself when orphaned.
+            proc = ctx.Process(target=_replica_main, name=f"saaf-replica-{i}",
+                               args=(i, str(folder), {**settings, "device": device}, place["cores"],
+                                     self._inboxes[i], self._outbox))
+            with _environment(place["env"]):  # a spawned process starts with this process's environment
+                proc.start()
+            self._procs.append(proc)
+        self._stop = weakref.finalize(self, _stop_replicas, self._procs, self._inboxes)
+        self._lock = threading.Lock()
+        self._live: dict[object, tuple[int, int, Callable | None, Sequence]] = {}  # id -> replica, cost, on_token, seq
+        self._outstanding = [0] * data_parallel_size
+        self._next_id = iter(range(2**62))
+        self._failed: str | None = None
+        self._replies: dict[str, dict[int, object]] = {"ready": {}, "warm": {}, "stats": {}}  # kind -> replica -> reply
+        try:
+            lengths = [self._wait_for("ready", i) for i in range(data_parallel_size)]
+        except BaseException:
+            self.close()
+            raise
+        self.max_model_len = lengths[0]
+
+    # ---- the replicas' news ----------------------------------------------------------------
+    def _describe(self, index: int) -> str:
+        place = self.placements[index]
+        where = f"cores {place['cores']}" if place["cores"] else f"GPU {place['env']['CUDA_VISIBLE_DEVICES']}"
+        return f"data-parallel replica {index} (pid {self._procs[index].pid}, {where})"
+
+    def _check_alive(self) -> None:
+        for i, proc in enumerate(self._procs):
+            if proc.exitcode is not None:
+                self._failed = f"{self._describe(i)} died (exit code {proc.exitcode})"
+                raise WorkerError(self._failed)
+
+    def _receive(self, timeout: float) -> tuple | None:
+        try:
+            return self._outbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _wait_for(self, kind: str, index: int):
+        """Replica `index`'s next `kind` reply, handling the replicas' other news meanwhile."""
+        while index not in self._replies[kind]:
+            message = self._receive(POLL_S)
+            if message is None:
+                self._check_alive()
+            else:
+                self._handle(message)
+        return self._replies[kind].pop(index)
+
+    def _handle(self, message: tuple) -> list[RequestOutput]:
+        kind, index, *payload = message
+        if kind == "failed":
+            self._failed = f"{self._describe(index)} could not start: {payload[0]}"
+            raise WorkerError(self._failed)
+        if kind != "step":
+            self._replies[kind][index] = payload[0] if len(payload) == 1 else payload
+            return []
+        streamed, finished = payload
+        for request_id, token in streamed:
+            entry = self._live.get(request_id)
+            if entry is not None and entry[2] is not None:
+                entry[2](token)
+        done = []
+        with self._lock:
+            for out in finished:
+                entry = self._live.pop(out.request_id, None)
+                if entry is not None:
+                    self._outstanding[entry[0]] -= entry[1]
+                    done.append(out)
+        return done
+
+    # ---- the online engine's interface -------------------------------------------------------
+    def make_sequence(self, prompt, params=None, request_id=None, on_token=None) -> Sequence:
+        if request_id is None:
+            request_id = next(self._next_id)
+        return make_sequence(prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size,
+                             self.max_model_len)
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id=None, on_token=None):
+        seq = self.make_sequence(prompt, params, request_id, on_token)
+        self.submit([seq])
+        return seq.request_id
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self._lock:
+            if self._failed:
+                raise WorkerError(f"the engine's replicas stopped: {self._failed}")
+            for seq in seqs:
+                if seq.request_id in self._live:
+                    raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+            for seq in seqs:
+                cost = len(seq.prompt_token_ids) + seq.max_tokens
+                index = min(range(self.num_replicas), key=self._outstanding.__getitem__)
+                self._outstanding[index] += cost
+                self._live[seq.request_id] = (index, cost, seq.on_token, seq)
+                self._inboxes[index].put(("add", seq.request_id, seq.prompt_token_ids, seq.params,
+                                          seq.on_token is not None))
+
+    def abort(self, request_id) -> None:
+        with self._lock:
+            entry = self._live.get(request_id)
+        if entry is not None:
+            self._inboxes[entry[0]].put(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._live)
+
+    def step(self) -> list[RequestOutput]:
+        """What the replicas finished since the last call (their streamed tokens go to each request's
+        on_token first); waits up to POLL_S for news. WorkerError if a replica died."""
+        message = self._receive(POLL_S)
+        if message is None:
+            self._check_alive()
+            return []
+        done = self._handle(message)
+        while (message := self._receive(0)) is not None:
+            done += self._handle(message)
+        return done
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """An error output for every request in flight, each once."""
+        with self._lock:
+            live, self._live = self._live, {}
+            self._outstanding = [0] * self.num_replicas
+        return [RequestOutput(rid, seq.prompt_token_ids, [], None, "error", error) for rid, (_, _, _, seq) in
+                live.items()]
+
+    def warmup(self) -> float:
+        """Every replica's warm-up, at once; the seconds of the slowest."""
+        for inbox in self._inboxes:
+            inbox.put(("warmup",))
+        return max(self._wait_for("warm", i) for i in range(self.num_replicas))
+
+    def _gather(self, kind: str) -> list:
+        for inbox in self._inboxes:
+            inbox.put((kind,))
+        return [self._wait_for(kind, i) for i in range(self.num_replicas)]
+
+    def spec_stats(self) -> dict | None:
+        """Speculation's counts summed over the replicas (rates from the sums); None without it."""
+        per_replica = [spec for spec, _ in self._gather("stats")]
+        if per_replica[0] is None:
+            return None
+        total = dict(per_replica[0])
+        for key in ("num_proposals", "num_draft_tokens", "num_accepted_tokens"):
+            total[key] = sum(s[key] for s in per_replica)
+        for key in ("proposed_at_position", "accepted_at_position"):
+            total[key] = [sum(v) for v in zip(*(s[key] for s in per_replica))]
+        total["acceptance_rate"] = (total["num_accepted_tokens"] / total["num_draft_tokens"]
+                                    if total["num_draft_tokens"] else None)
+        total["mean_accepted_length"] = (1 + total["num_accepted_tokens"] / total["num_proposals"]
+                                         if total["num_proposals"] else None)
+        total["acceptance_by_position"] = [a / p if p else None for a, p in
+                                           zip(total["accepted_at_position"], total["proposed_at_position"])]
+        return total
+
+    def kv_cache_stats(self) -> dict:
+        """Each replica's (a list)."""
+        return {"replicas": [kv for _, kv in self._gather("stats")]}
+
+    def close(self) -> None:
+        """Stop every replica and wait for it: none is left behind."""
+        self._stop()
+
+
+def _stop_replicas(procs, inboxes) -> None:
+    """Ask each replica to stop and wait for it, killing one that does not stop."""
+    for inbox, proc in zip(inboxes, procs):
+        if proc.is_alive():
+            inbox.put(("stop",))
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
+def make_engine(model: str | Path, **settings) -> "LLMEngine | ReplicaPool":
+    """The online engine the settings ask for: one LLMEngine, or with data_parallel_size > 1 a pool
+    of them."""
+    n = settings.pop("data_parallel_size", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"engine setting data_parallel_size must be a positive integer, got {n!r}")
+    return LLMEngine(model, **settings) if n == 1 else ReplicaPool(model, n, **settings)
