@@ -94,7 +94,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
         return []
     if not (logs / "TEST06" / "mlperf_log_accuracy.json").is_file():
         raise PackagingError(f"{logs / 'TEST06'} has no mlperf_log_accuracy.json: run the TEST06 mode first")
-    return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model))
+    return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model_for(benchmark)))
 
 
 def load_calibration(logs: Path) -> dict | None:

@@ -33,6 +33,7 @@ the submission tree says what was run and why.
 """
 
 import argparse
+import dataclasses
 import json
 import random
 import re
@@ -207,22 +208,17 @@ def _p99(values: list[float]) -> float:
 
 
 def _floors(engine, prompts, params) -> tuple[float, float]:
+    """The longest prompt alone: milliseconds to its first token, and the median between its next
+    ones (a decode step at batch 1), from the times its tokens arrive (one engine or replicas)."""
     longest = max(prompts, key=len)
-    engine.add_request(longest, params, request_id="floor-ttft", on_token=lambda _t: None)
+    arrived: list[float] = []
     start = time.perf_counter()
-    engine.step()  # the whole prompt fits one step's budget, or the first token comes later
-    while not engine.scheduler.running or engine.scheduler.running[0].first_token_time is None:
-        engine.step()
-    ttft = time.perf_counter() - start
-    steps = []
-    for _ in range(8):
-        step_start = time.perf_counter()
-        engine.step()
-        steps.append(time.perf_counter() - step_start)
-    engine.abort("floor-ttft")
+    engine.add_request(longest, dataclasses.replace(params, max_tokens=9, ignore_eos=True), request_id="floor-ttft",
+                       on_token=lambda _t: arrived.append(time.perf_counter()))
     while engine.has_unfinished():
         engine.step()
-    return ttft * 1000, statistics.median(steps) * 1000
+    gaps = [b - a for a, b in zip(arrived, arrived[1:])]
+    return (arrived[0] - start) * 1000, statistics.median(gaps) * 1000
 
 
 def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limit_ms: float, tpot_limit_ms: float,
@@ -289,14 +285,15 @@ def main() -> None:
     parser.add_argument("--probe-seconds", type=float, default=CAPACITY_SECONDS, help="of the capacity probe")
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
-    from sut import LLMEngine, SaafError, SamplingParams
+    from sut import SaafError, SamplingParams, make_engine
 
     try:
         cfg = RunConfig.resolve(args.system, args.benchmark, args.scenario, "performance", args.root)
         if args.scenario not in cfg.benchmark.latency_limits_ms:
             raise HarnessConfigError(f"{cfg.benchmark.name} has no {args.scenario} scenario (no TTFT/TPOT limits)")
         dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
-        engine = LLMEngine(cfg.system.model, **cfg.system.engine_settings(args.scenario))
+        engine = make_engine(cfg.system.model_for(cfg.benchmark.name),
+                             **cfg.system.engine_settings(args.scenario, cfg.benchmark.name))
     except (HarnessConfigError, DatasetError, SaafError) as e:
         sys.exit(f"error: calibrate: {e}")
     params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)

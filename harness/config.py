@@ -66,21 +66,21 @@ def check_user_conf(path: Path) -> None:
             raise HarnessConfigError(f"{path}:{n}: {key} must not be negative, got {value}")
 
 
-def check_engine_settings(system: System, scenario: str) -> None:
+def check_engine_settings(system: System, benchmark: str, scenario: str) -> None:
     """The engine refuses bad settings only once it starts; this finds them before a run does."""
     from sut.config import EngineConfig
     from sut.errors import ConfigError
 
     try:
-        EngineConfig.from_kwargs(**system.engine_settings(scenario))
+        EngineConfig.from_kwargs(**system.engine_settings(scenario, benchmark))
     except ConfigError as e:
-        raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {scenario}: {e}") from None
+        raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {benchmark} {scenario}: {e}") from None
 
 
 def check_speculation_allowed(system: System, benchmark: Benchmark, scenario: str) -> None:
     """MLPerf's closed division allows speculative decoding only where a benchmark's rules name it,
     and there only with the reference's own head, which no proposer here is."""
-    spec = system.engine_settings(scenario).get("speculative_config")
+    spec = system.engine_settings(scenario, benchmark.name).get("speculative_config")
     if system.division != "closed" or spec is None:
         return
     allowed = ", ".join(f"{b.name} {s}" for b in ENTRIES for s in b.speculative_scenarios)
@@ -136,7 +136,7 @@ class RunConfig:
             if not isinstance(engine, dict):
                 raise HarnessConfigError(f"engine settings over the system's must be a JSON object, got {engine!r}")
             sys_config.scenario_engine[scenario] = {**sys_config.scenario_engine.get(scenario, {}), **engine}
-        check_engine_settings(sys_config, scenario)
+        check_engine_settings(sys_config, benchmark, scenario)
         check_speculation_allowed(sys_config, BENCHMARKS[benchmark], scenario)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")

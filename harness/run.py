@@ -39,7 +39,8 @@ def run(cfg: RunConfig) -> str:
     from sut import make_engine
 
     # One engine, or with data_parallel_size > 1 a pool of replica processes behind the same interface.
-    engine = make_engine(cfg.system.model, **cfg.system.engine_settings(cfg.scenario))
+    engine = make_engine(cfg.system.model_for(cfg.benchmark.name),
+                         **cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name))
     try:
         return _run(cfg, engine, dataset, settings)
     finally:
@@ -102,7 +103,7 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
         from accuracy.evaluate import evaluate_summarization
 
         result = evaluate_summarization(cfg.log_dir / "mlperf_log_accuracy.json", dataset.references,
-                                        AutoTokenizer.from_pretrained(cfg.system.model), cfg.log_dir / "accuracy.txt")
+                                        AutoTokenizer.from_pretrained(cfg.system.model_for(cfg.benchmark.name)), cfg.log_dir / "accuracy.txt")
         reference = cfg.system.accuracy_reference
         targets = (reference_targets(json.loads(reference.read_text())["scores"]) if reference
                    else targets_for(cfg.benchmark.name))

@@ -308,6 +308,26 @@ def bench_engine(device, peak_gbps) -> list[dict]:
     return rows
 
 
+def check_tensor_parallel() -> dict:
+    """TP=2 against one process on two of the GPUs (sut/gpu_bench.py: a two-layer model of
+    Llama-3.1-8B's width, fp32, random weights), where there is more than one GPU."""
+    count = torch.cuda.device_count()
+    if count < 2:
+        print(f"  tensor parallel: {count} GPU here, so no TP=2 check", flush=True)
+        return dict(skipped=f"{count} GPU")
+    from sut.gpu_bench import LLAMA_31_8B, tensor_parallel_check
+
+    try:
+        result = tensor_parallel_check({**LLAMA_31_8B, "num_hidden_layers": 2, "dtype": "float32"}, "cuda")
+    except Exception as e:  # noqa: BLE001 - reported in the results
+        return dict(ok=False, error=f"{type(e).__name__}: {e}")
+    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(1.0,
+                                                                                              result["logit_scale"])
+    print(f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
+          f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})", flush=True)
+    return result
+
+
 def _pct(x):
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -359,6 +379,11 @@ def markdown(results: dict) -> str:
         for r in rows:
             if not r["ok"]:
                 lines.append(f"\nFAILED {name}: {r['case']} {r['dtype']}: {r['error']}")
+    tp = results.get("tensor_parallel", {})
+    lines += ["", "Tensor parallel (TP=2 against one process, random two-layer model of the 8B width, fp32): " + (
+        f"not run: {tp['skipped']}" if "skipped" in tp else f"FAILED: {tp['error']}" if "error" in tp else
+        f"{'PASS' if tp['ok'] else 'FAIL'}, largest logit difference {tp['max_abs_logit_diff']:.2e} of "
+        f"{tp['logit_scale']:.2f}, greedy tokens {'agree' if tp['greedy_tokens_agree'] else 'differ'}")]
     lines += ["", "## Decode attention (bf16, 32 q heads / 8 KV heads, head_dim 128, block size 16)", "",
               "| batch | context | ms | K/V GB/s | of peak | SDPA ms | speedup vs SDPA |", "|---|---|---|---|---|---|---|"]
     for r in results["decode"]:
@@ -407,6 +432,7 @@ def main(argv=None) -> int:
         results["checks"][what] = rows
         failed = sum(not r["ok"] for r in rows)
         print(f"  {what}: {len(rows) - failed}/{len(rows)} cases match the reference ({time.time() - t:.0f} s)")
+    results["tensor_parallel"] = check_tensor_parallel()
     if not args.skip_bench:
         gbps, tflops = results["measured_gbps"], results["measured_tflops"] = measure_peaks(device)
         print(f"  measured: copy {gbps:.0f} GB/s, dense bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
@@ -424,7 +450,8 @@ def main(argv=None) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(markdown(results))
     print(markdown(results))
-    failed = sum(not r["ok"] for rows in results["checks"].values() for r in rows) + ("engine_error" in results)
+    failed = (sum(not r["ok"] for rows in results["checks"].values() for r in rows) + ("engine_error" in results)
+              + (results["tensor_parallel"].get("ok") is False))
     print(f"gpu-check: {'FAIL' if failed else 'PASS'}: {failed} failed case(s); results in {out}/results.md "
           f"({results['elapsed_s']:.0f} s)")
     return 1 if failed else 0

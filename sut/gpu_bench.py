@@ -6,12 +6,16 @@ around the forward), the host time (the step input's preparation and the forward
 sits on the critical path when the host is slower than the GPU), tokens/s, and the bytes the step
 must read (weights, plus the K/V of every context) per second of GPU time against the card's
 bandwidth: gpt-fast's roofline. kernels/gpu_check.py runs it on a GPU; the tests run it on a tiny
-shape on CPU, where both times are wall-clock."""
+shape on CPU, where both times are wall-clock. `tensor_parallel_check` runs a random model over two
+ranks against one process (gpu_check, where there is more than one GPU; the tests, on gloo)."""
 
+import multiprocessing as mp
+import queue
 import statistics
 import time
 
 import torch
+import torch.distributed as dist
 
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig, ModelConfig
@@ -19,6 +23,7 @@ from sut.loader import random_model
 from sut.model_runner import ModelRunner, kv_bytes_per_block
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
+from sut.tensor_parallel import Shard, broadcast, free_port, init_group, serve
 
 LLAMA_31_8B = dict(
     architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -94,3 +99,74 @@ class StepBench:
                     host_ms=statistics.median(host), tokens_per_s=(num_decodes + prefill) / gpu_ms * 1e3,
                     bytes_read=self.weight_bytes + kv_bytes, gbps=(self.weight_bytes + kv_bytes) / gpu_ms / 1e6,
                     cuda_graphs=self.runner.graphs is not None)
+
+
+def tensor_parallel_check(raw_config: dict, device_type: str, size: int = 2, steps: int = 6, seed: int = 0,
+                          **settings) -> dict:
+    """`size` ranks (processes on torch.distributed, one GPU each on CUDA) against one process on the
+    same random model (random_model gives each rank its slices): a prefill of three prompts, then
+    greedy decode steps, the ranks' logits against the one process's. Returns the largest logit
+    difference, the logits' scale and whether every greedy token agreed."""
+    ctx = mp.get_context("spawn")
+    port, results = free_port(), ctx.Queue()
+    procs = [ctx.Process(target=_check_rank, args=(r, size, port, raw_config, device_type, steps, seed, settings,
+                                                    results), name=f"saaf-tp-check-{r}") for r in range(size)]
+    for proc in procs:
+        proc.start()
+    try:
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                dead = [r for r, proc in enumerate(procs) if proc.exitcode not in (None, 0)]
+                if dead:
+                    raise RuntimeError(f"tensor-parallel check: rank {dead[0]} died (exit code "
+                                       f"{procs[dead[0]].exitcode})") from None
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+
+
+def _check_rank(rank, size, port, raw_config, device_type, steps, seed, settings, results) -> None:
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    init_group(rank, size, port, device)
+    try:
+        mc = ModelConfig.from_dict(raw_config, "the check's model")
+        config = EngineConfig.from_kwargs(block_size=16, num_kv_blocks=16, max_model_len=128, **settings)
+        shard = Shard(rank, size)
+        tp = ModelRunner(None, mc, config, 128, mc.dtype, device, 16, model=random_model(mc, mc.dtype, device, seed,
+                                                                                         shard), shard=shard)
+        if rank:
+            serve(tp, device)
+            return
+        whole = ModelRunner(None, mc, config, 128, mc.dtype, device, 16, model=random_model(mc, mc.dtype, device, seed))
+        results.put(_compare(whole, tp, mc.vocab_size, steps))
+        broadcast(None)
+    finally:
+        dist.destroy_process_group()
+
+
+def _compare(whole: ModelRunner, tp: ModelRunner, vocab: int, steps: int) -> dict:
+    """Three prompts through both runners (each its own KV cache, the same block tables), one
+    prefill and `steps` decodes, each fed the one process's greedy tokens."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (5, 17, 9)]
+    blocks = BlockManager(16, 16)
+    seqs = [Sequence(f"check-{i}", p + [0] * steps, SamplingParams(), steps) for i, p in enumerate(prompts)]
+    for seq in seqs:
+        assert blocks.allocate(seq, seq.num_tokens)
+    tokens, starts = prompts, [0] * len(seqs)
+    worst, scale, agree = 0.0, 0.0, True
+    for _ in range(steps + 1):
+        want = whole.execute(whole.prepare_tokens(seqs, tokens, starts, [1] * len(seqs), blocks.block_tables))
+        got = tp.execute(tp.prepare_tokens(seqs, tokens, starts, [1] * len(seqs), blocks.block_tables))
+        worst = max(worst, float((got - want).abs().max()))
+        scale = max(scale, float(want.abs().max()))
+        agree &= bool(torch.equal(got.argmax(-1), want.argmax(-1)))
+        starts = [s + len(t) for s, t in zip(starts, tokens)]
+        tokens = [[t] for t in want.argmax(-1).tolist()]
+    return dict(size=tp.shard.size, steps=steps, max_abs_logit_diff=worst, logit_scale=scale, greedy_tokens_agree=agree)

@@ -14,7 +14,7 @@ from torch import nn
 from sut.config import ModelConfig
 from sut.errors import CheckpointError
 from sut.model import FusedLinear, LlamaForCausalLM, RotaryEmbedding
-from sut.tensor_parallel import Shard, local_config, read_shard
+from sut.tensor_parallel import Shard, local_config, read_shard, slice_for
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 
@@ -108,13 +108,7 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
                     what = f"its tensor-parallel slice {shard.rank}/{shard.size}" if shard else "it"
                     raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
                                           f"config.json implies {tuple(shape)}")
-                module_name, _, leaf = param_name.rpartition(".")
-                module = model.get_submodule(module_name)
-                param = getattr(module, leaf)
-                if param.is_meta:  # its first tensor: allocate it for real
-                    param = nn.Parameter(torch.empty(param.shape, device=device, dtype=dtype), requires_grad=False)
-                    setattr(module, leaf, param)
-                param[row:row + shape[0]].copy_(tensor)
+                _put(model, param_name, row, tensor, device, dtype)
                 loaded.add(name)
                 del tensor
         except SafetensorError as e:
@@ -122,6 +116,21 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
     missing = sorted(set(expected) - loaded)
     if missing:
         raise CheckpointError(f"{folder}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
+    return _finish(model, config, device, shard)
+
+
+def _put(model: LlamaForCausalLM, param_name: str, row: int, tensor: torch.Tensor, device, dtype) -> None:
+    """Copy `tensor` into the rows from `row` on of parameter `param_name`, allocating it on first use."""
+    module_name, _, leaf = param_name.rpartition(".")
+    module = model.get_submodule(module_name)
+    param = getattr(module, leaf)
+    if param.is_meta:  # its first tensor: allocate it for real
+        param = nn.Parameter(torch.empty(param.shape, device=device, dtype=dtype), requires_grad=False)
+        setattr(module, leaf, param)
+    param[row:row + tensor.shape[0]].copy_(tensor)
+
+
+def _finish(model: LlamaForCausalLM, config: ModelConfig, device, shard: Shard | None) -> LlamaForCausalLM:
     if config.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
     model.rotary = RotaryEmbedding(config, device)
@@ -132,24 +141,28 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
     return model.eval()
 
 
-def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0) -> LlamaForCausalLM:
-    """A model of `config`'s shape with random weights (N(0, 0.02), norms 1), built on the meta
-    device and allocated on `device` only: no checkpoint, for benchmarks of the engine's steps."""
+def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0,
+                 shard: Shard | None = None) -> LlamaForCausalLM:
+    """A model of `config`'s shape with random weights (N(0, 0.02), norms 1) and no checkpoint, for
+    benchmarks and checks: each checkpoint tensor drawn whole on `device` from a generator seeded by
+    `seed` and its place in the checkpoint's order, so a tensor-parallel rank (`shard`) holds exactly
+    its slices of the model one process gets."""
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
-    model = model.to_empty(device=device).to(dtype)
-    generator = torch.Generator(device=device).manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.requires_grad_(False)
-            if name.endswith("norm.weight"):
-                param.fill_(1.0)
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model.rotary = RotaryEmbedding(config, device)
-    return model.eval()
+        whole = checkpoint_layout(LlamaForCausalLM(config))
+        model = LlamaForCausalLM(local_config(config, shard.size) if shard is not None else config)
+    expected = checkpoint_layout(model)
+    names = [n for n in sorted(whole) if not (config.tie_word_embeddings and n == "lm_head.weight")]
+    for i, name in enumerate(names):
+        shape = whole[name][2]
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(shape, device=device)
+        else:
+            generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+            tensor = torch.randn(shape, generator=generator, device=device) * 0.02
+        param_name, row, _ = expected[name]
+        _put(model, param_name, row, slice_for(name, tensor, shard), device, dtype)
+        del tensor
+    return _finish(model, config, device, shard)
 
 
 # A safetensors file copied tensor by tensor, as raw bytes (make_draft's subsets of a checkpoint).

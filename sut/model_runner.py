@@ -2,7 +2,6 @@
 batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
 `execute` runs the forward on it and returns the logits of the rows the batch wants."""
 
-import dataclasses
 from itertools import chain
 
 import numpy as np
@@ -40,11 +39,10 @@ class ModelRunner:
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
         if shard is not None:
             model_config = local_config(model_config, shard.size)
-        # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend switch.
-        # Its GGUF blocks hold whole layers, and its one-call decoder runs every layer without the
-        # ranks' all-reduces: a tensor-parallel rank runs without either.
-        cpu_settings = config.cpu if shard is None else dataclasses.replace(config.cpu, quantized_weights=False)
-        self.cpu = setup_cpu_backend(self.model, model_path, cpu_settings) if device.type == "cpu" else None
+        # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend
+        # switch (for a tensor-parallel rank, only what works on its slices).
+        self.cpu = (setup_cpu_backend(self.model, model_path, config.cpu, sliced=shard is not None)
+                    if device.type == "cpu" else None)
         try:
             self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
         except ValueError as e:  # kernels knows nothing of the engine's errors
@@ -66,7 +64,7 @@ class ModelRunner:
         # the step's hidden states, or None for a step it does not take.
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
         spec = config.speculative_config
-        self.cpu_decoder = None if shard else self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
+        self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
         self.graphs = None
         if config.cuda_graphs:
             if device.type != "cuda":

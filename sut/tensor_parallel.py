@@ -61,17 +61,39 @@ COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight")
 ONE_RANK = ("o_proj.bias", "down_proj.bias")
 
 
+def split_of(name: str) -> str | None:
+    """How checkpoint tensor `name` splits over the ranks: "rows", "columns", "one rank" or None (whole)."""
+    if name.endswith(ROW_SPLIT):
+        return "rows"
+    if name.endswith(COLUMN_SPLIT):
+        return "columns"
+    return "one rank" if name.endswith(ONE_RANK) else None
+
+
 def read_shard(f, name: str, shard: Shard | None) -> torch.Tensor:
     """This rank's part of checkpoint tensor `name` from an open safetensors file, reading only it."""
-    if shard is None or not name.endswith(ROW_SPLIT + COLUMN_SPLIT + ONE_RANK):
+    split = split_of(name) if shard is not None else None
+    if split is None:
         return f.get_tensor(name)
     view = f.get_slice(name)
     shape = view.get_shape()
-    if name.endswith(ROW_SPLIT):
+    if split == "rows":
         return view[shard.rows(shape[0])]
-    if name.endswith(COLUMN_SPLIT):
+    if split == "columns":
         return view[:, shard.rows(shape[1])]
     return view[:] if shard.rank == 0 else torch.zeros(shape)
+
+
+def slice_for(name: str, tensor: torch.Tensor, shard: Shard | None) -> torch.Tensor:
+    """This rank's part of a whole tensor `name` (random_model's)."""
+    split = split_of(name) if shard is not None else None
+    if split == "rows":
+        return tensor[shard.rows(tensor.shape[0])]
+    if split == "columns":
+        return tensor[:, shard.rows(tensor.shape[1])]
+    if split == "one rank" and shard.rank != 0:
+        return torch.zeros_like(tensor)
+    return tensor
 
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
@@ -130,10 +152,15 @@ def worker_main(rank: int, size: int, port: int, model: str, settings: dict, dev
         num_blocks = broadcast()
         runner = build_runner(model, settings, torch_device, Shard(rank, size), num_blocks)
         dist.all_gather_object([None] * size, runner.weight_bytes)
-        while (step := broadcast()) is not None:
-            # Unpickled tensors land where rank 0's were: bring them to this rank's device.
-            runner.execute(dataclasses.replace(step, **{f.name: getattr(step, f.name).to(torch_device)
-                                                        for f in dataclasses.fields(step)
-                                                        if isinstance(getattr(step, f.name), torch.Tensor)}))
+        serve(runner, torch_device)
     finally:
         dist.destroy_process_group()
+
+
+def serve(runner, device: torch.device) -> None:
+    """A rank other than 0: the forward of each step input rank 0 broadcasts, until it sends None."""
+    while (step := broadcast()) is not None:
+        # Unpickled tensors land where rank 0's were: bring them to this rank's device.
+        runner.execute(dataclasses.replace(step, **{f.name: getattr(step, f.name).to(device)
+                                                    for f in dataclasses.fields(step)
+                                                    if isinstance(getattr(step, f.name), torch.Tensor)}))

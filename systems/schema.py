@@ -4,7 +4,7 @@ file fails with its path and what is wrong."""
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from systems.benchmarks import SCENARIOS
@@ -19,7 +19,7 @@ class SystemConfigError(ValueError):
 @dataclass
 class System:
     name: str
-    model: Path
+    models: dict[str, Path]  # benchmark -> model folder ("model": one for all, or "models": one each)
     datasets: dict[str, Path]  # benchmark -> dataset file
     engine: dict  # LLM engine settings
     scenario_engine: dict[str, dict]  # per-scenario overrides of those (e.g. a smaller step budget for Server)
@@ -29,6 +29,9 @@ class System:
     demo: bool  # shortened runs: the checker warns about run length and dataset size instead of failing
     path: Path  # the file it was read from
     division: str = "closed"  # the description's "division"
+    # Per-benchmark settings between `engine` and `scenario_engine` (a rig's split of replicas and
+    # tensor-parallel ranks per model).
+    benchmark_engine: dict[str, dict] = field(default_factory=dict)
 
     @staticmethod
     def load(name: str, root: Path = REPO) -> "System":
@@ -41,21 +44,31 @@ class System:
             raw = json.loads(path.read_text())
             harness = raw["saaf_harness"]
             reference = harness.get("accuracy_reference")
-            system = System(name, _expand(harness["model"]), {b: _expand(p) for b, p in harness["datasets"].items()},
-                            dict(harness.get("engine", {})), dict(harness.get("scenario_engine", {})),
-                            root / reference if reference else None,
+            datasets = {b: _expand(p) for b, p in harness["datasets"].items()}
+            models = ({b: _expand(p) for b, p in harness["models"].items()} if "models" in harness
+                      else {b: _expand(harness["model"]) for b in datasets})
+            system = System(name, models, datasets, dict(harness.get("engine", {})),
+                            dict(harness.get("scenario_engine", {})), root / reference if reference else None,
                             list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
-                            bool(harness.get("demo", False)), path, raw.get("division", "closed"))
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' and 'datasets' ({e!r})") from e
+                            bool(harness.get("demo", False)), path, raw.get("division", "closed"),
+                            dict(harness.get("benchmark_engine", {})))
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' (or 'models') and 'datasets' "
+                                    f"({e!r})") from e
+        without = sorted(set(system.datasets) - set(system.models))
+        if without:
+            raise SystemConfigError(f"{path}: saaf_harness.models names no model folder for benchmarks {without}")
         unknown = [s for s in [*system.scenarios, *system.scenario_engine] if s not in SCENARIOS]
         if unknown:
             raise SystemConfigError(f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
                                     f"{unknown}; known: {sorted(SCENARIOS)}")
         return system
 
-    def engine_settings(self, scenario: str) -> dict:
-        return {**self.engine, **self.scenario_engine.get(scenario, {})}
+    def engine_settings(self, scenario: str, benchmark: str | None = None) -> dict:
+        return {**self.engine, **self.benchmark_engine.get(benchmark, {}), **self.scenario_engine.get(scenario, {})}
+
+    def model_for(self, benchmark: str) -> Path:
+        return self.models[benchmark]
 
 
 def _expand(value: str) -> Path:

@@ -58,3 +58,13 @@ sys.exit(kernels.gpu_check.main(["--out", {str(tmp_path)!r}]))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "no CUDA GPU" in out.stdout
+
+
+def test_tensor_parallel_check_on_gloo_matches_one_process():
+    """gpu_check's TP=2 check, on two CPU processes: random_model's slices make the one process's
+    model, so the logits agree to fp32 rounding and the greedy tokens are the same."""
+    from sut.gpu_bench import tensor_parallel_check
+
+    result = tensor_parallel_check(TINY, "cpu")
+    assert result["size"] == 2 and result["greedy_tokens_agree"]
+    assert result["max_abs_logit_diff"] < 1e-5 * max(1.0, result["logit_scale"]), result

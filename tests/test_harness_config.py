@@ -15,7 +15,7 @@ def test_demo_configuration_resolves():
     cfg = RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")
     assert cfg.user_conf == REPO / "measurements/cpu-demo/llama3.1-8b/Offline/user.conf"
     assert cfg.log_dir == REPO / "build/logs/cpu-demo/llama3.1-8b/Offline/performance"
-    assert cfg.system.model.name == "smollm2-135m-instruct"
+    assert cfg.system.model_for("llama3.1-8b").name == "smollm2-135m-instruct"
 
 
 @pytest.mark.parametrize("args, message", [

@@ -39,8 +39,8 @@ class CpuBackend:
     be built here); `kv_cache_bytes`: the KV cache's default size; `decoder()`: the one-call decode
     path, once the KV cache is in place."""
 
-    def __init__(self, model: nn.Module, lib):
-        self.model, self.lib = model, lib
+    def __init__(self, model: nn.Module, lib, sliced: bool = False):
+        self.model, self.lib, self.sliced = model, lib, sliced
         self.ops: KernelOps | None = None if lib is None else c_ops(lib)
         self.kv_cache_bytes = int(KV_CACHE_GB * 2**30)
 
@@ -50,17 +50,21 @@ class CpuBackend:
         the decoder holds pointers to it. `max_query_len`: the most query rows of a sequence it takes
         (1: decodes only; 1 + k to verify k drafts)."""
         model = self.model
-        if (self.ops is None or model.ops is not self.ops or model.model.embed_tokens.weight.dtype != torch.float32
+        if (self.sliced or self.ops is None or model.ops is not self.ops or model.model.embed_tokens.weight.dtype != torch.float32
                 or not CpuDecoder.applies(model)):
             return None
         return CpuDecoder(model, self.lib, max_query_len)
 
 
-def setup_cpu_backend(model: nn.Module, folder: str | Path, settings: CpuSettings) -> CpuBackend:
+def setup_cpu_backend(model: nn.Module, folder: str | Path | None, settings: CpuSettings,
+                      sliced: bool = False) -> CpuBackend:
     """Ready `model`, just loaded from `folder` onto the CPU: keep freed memory in the heap, compute its
-    linears from the folder's GGUF blocks where `settings` ask for it, and pack the rest for oneDNN."""
+    linears from the folder's GGUF blocks where `settings` ask for it, and pack the rest for oneDNN.
+    `sliced`: a tensor-parallel rank's slices of the model (or `folder` None: random weights), for
+    which the GGUF blocks (whole layers' rows) and the one-call decoder (every layer, without the
+    ranks' all-reduces between them) do not apply."""
     keep_freed_memory_in_heap()
-    if settings.quantized_weights:
+    if settings.quantized_weights and folder is not None and not sliced:
         attach_gguf_blocks(model, folder, settings.int16_activations)  # before packing: it checks the dense weights
     pack_linears(model)
-    return CpuBackend(model, library())
+    return CpuBackend(model, library(), sliced)
