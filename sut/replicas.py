@@ -20,6 +20,8 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+
 from sut.config import EngineConfig, ModelConfig
 from sut.engine import LLMEngine, RequestOutput, _load_tokenizer, make_sequence
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, WorkerError
@@ -34,8 +36,6 @@ def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
     ranks'; the engine sees them from cuda:0 on), on CPU a contiguous, disjoint share of this
     process's cores."""
     if device.startswith("cuda"):
-        import torch
-
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         if len(gpus) < n * gpus_each:
@@ -54,8 +54,6 @@ def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
 def _replica_main(index: int, model: str, settings: dict, cores: list[int] | None, inbox, outbox) -> None:
     """A replica's process (its environment set at spawn): build the engine, then step it and take
     requests until told to stop or its parent is gone."""
-    import torch
-
     parent = os.getppid()
     if cores:
         os.sched_setaffinity(0, cores)
@@ -133,14 +131,10 @@ class ReplicaPool:
         self.tokenizer = _load_tokenizer(folder)
         device = self.config.device
         if device == "auto":
-            import torch
-
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda:"):
             raise ConfigError(f"engine setting device={device!r} names one GPU, and data_parallel_size="
                               f"{data_parallel_size} gives each replica its own: use 'cuda'")
-        import torch
-
         self.device = torch.device(device)
         self.num_replicas = data_parallel_size
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked CUDA or thread state
