@@ -35,7 +35,7 @@ def root(tmp_path):
     return tmp_path
 
 
-BAD_ENGINE = ("t.json: saaf_harness engine settings for Offline", "max_num_seqs must be a positive integer, got -3")
+BAD_ENGINE = ("t.json: saaf_harness engine settings for llama3.1-8b Offline", "max_num_seqs must be a positive integer, got -3")
 
 
 def test_harness_run_unknown_system():
