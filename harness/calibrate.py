@@ -55,7 +55,8 @@ PROBE_STEP = 0.85
 SCHEDULE_QPS = 1000.0
 FIRST_RATE_SHARE = 0.5  # the first probe's rate, as a share of the floors' crude capacity bound
 MARGIN = 0.3  # of the capacity estimate (throughput, far above what meets the limits): the first rate rehearsed
-TTFT_TAIL_SHARE = 0.8  # of the TTFT limit, for a rehearsal's slowest first token
+TTFT_TAIL_SHARE = 0.65  # of the TTFT limit, for a rehearsal's slowest first token (0.8 let LoadGen runs on a
+# noisy machine go over the limit: README, "Measured", J and K)
 TPOT_TAIL_SHARE = 0.9  # of the TPOT limit, for a rehearsal's slowest TPOT
 PROBES = 5  # rates rehearsed at most
 REPLAYS = 2  # of each rate's window, all of which must pass
