@@ -9,7 +9,7 @@ DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x128.json
 comma := ,
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup models drafts data test bench spec-bench run_harness submission gpu-check clean
+.PHONY: setup models drafts data browser test bench spec-bench run_harness submission report gpu-check clean
 
 setup: $(VENV)/.setup-done
 
@@ -43,7 +43,13 @@ data: $(DEMO_DATA)
 $(DEMO_DATA): | models
 	$(PY) -m harness.demo_data --tokenizer $(MODEL_DIR) --out $@
 
-test: setup models
+# Headless Chromium (Debian's package), for the test that renders the report's page.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	command -v chromium >/dev/null || $(SUDO) apt-get install -y -q --no-install-recommends chromium \
+	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends chromium)
+
+test: setup models browser
 	SAAF_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
 
 # e.g. make run_harness RUN_ARGS="--scenario Offline --mode accuracy"
@@ -65,6 +71,13 @@ SYSTEM ?= cpu-demo
 BENCHMARKS ?=
 submission: setup $(if $(filter cpu-demo,$(SYSTEM)),models data)
 	$(PY) -m compliance.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+
+# The measurement report (harness/report.py): the ablation and the load sweep on SYSTEM's Server
+# settings, then build/report/report.html and report.md. From existing runs instead:
+# `python -m harness.report --logs DIR...`.
+BENCHMARK ?= llama3.1-8b
+report: setup $(if $(filter cpu-demo,$(SYSTEM)),models data drafts)
+	$(PY) -m harness.report --system $(SYSTEM) --benchmark $(BENCHMARK) $(REPORT_ARGS)
 
 # On a CUDA machine (under 8 minutes): every Triton kernel against its reference, then the attention
 # and engine-step benchmarks; results in build/gpu-check/. Without a GPU it says so and exits 0. It

@@ -14,7 +14,7 @@ class AccuracyLogError(ValueError):
 
 
 def read_accuracy_entries(path: str | Path, dtype=np.int32) -> list[dict]:
-    """Every entry, in log order, as {"qsl_idx", "data": token ids, "token_count", and (non-Offline
+    """Every entry, in log order, as {"seq_id", "qsl_idx", "data": token ids, "token_count", and (non-Offline
     runs) "token_data": the first-token response's ids}."""
     path = Path(path)
     if not path.is_file():
@@ -29,7 +29,8 @@ def read_accuracy_entries(path: str | Path, dtype=np.int32) -> list[dict]:
     for n, entry in enumerate(raw):
         where = f"{path}: entry {n}"
         try:
-            decoded = {"qsl_idx": int(entry["qsl_idx"]), "token_count": entry.get("token_count"),
+            decoded = {"seq_id": entry.get("seq_id"), "qsl_idx": int(entry["qsl_idx"]),
+                       "token_count": entry.get("token_count"),
                        "data": _decode_ids(entry["data"], dtype, where)}
             if "token_data" in entry:
                 decoded["token_data"] = _decode_ids(entry["token_data"], dtype, where)

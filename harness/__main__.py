@@ -29,6 +29,8 @@ def main() -> None:
     run_parser.add_argument("--log-dir", type=Path, help="the run's logs here instead of under build/logs/")
     run_parser.add_argument("--no-warmup", action="store_true",
                             help="start LoadGen without the engine's warm-up (to measure what it saves)")
+    run_parser.add_argument("--log-responses", action="store_true",
+                            help="log every response in the accuracy log in performance mode too (the report's runs)")
     args = parser.parse_args()
     from harness.run import run
     from sut import SaafError
@@ -40,7 +42,7 @@ def main() -> None:
     try:
         cfg = RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root, args.user_conf,
                                 engine, args.log_dir)
-        cfg.warmup = not args.no_warmup
+        cfg.warmup, cfg.log_responses = not args.no_warmup, args.log_responses
         print(run(cfg))
     except (HarnessConfigError, DatasetError, SaafError) as e:  # a user's error: one line, no traceback
         sys.exit(f"error: harness: {e}")

@@ -113,6 +113,7 @@ class RunConfig:
     user_conf: Path
     log_dir: Path
     warmup: bool = True  # the engine's warm-up before LoadGen starts
+    log_responses: bool = False  # every response in the accuracy log, in performance mode too (the report's runs)
 
     @staticmethod
     def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO,

@@ -1,9 +1,11 @@
 """One LoadGen run: a system's engine on a benchmark's dataset in one scenario and mode, logs under
 build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict."""
 
+import datetime
 import json
 import os
 import shutil
+import subprocess
 import sys
 
 import mlperf_loadgen as lg
@@ -12,9 +14,10 @@ from tqdm import tqdm
 from accuracy.dataset import load_cnn_eval
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance import test06
-from compliance.loadgen_logs import SPEC_METRICS_FILE, read_detail_log
+from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from harness.loadgen_sut import EngineSUT, construct_qsl
+from systems.schema import REPO
 
 
 _runs_in_this_process = 0
@@ -35,6 +38,8 @@ def run(cfg: RunConfig) -> str:
     if settings.FromConfig(str(cfg.user_conf), cfg.benchmark.loadgen_name(cfg.scenario), conf_scenario):
         raise HarnessConfigError(f"{cfg.user_conf}: LoadGen refused it (see its log line above)")
     settings.scenario, settings.mode = SCENARIOS[cfg.scenario], MODES[cfg.mode]
+    if cfg.log_responses:  # LoadGen reads accuracy_log_probability from an audit config only, not user.conf
+        settings.accuracy_log_probability = 1.0
 
     from sut import make_engine
 
@@ -91,6 +96,7 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
         bar.close()
     for error in sut.errors:
         print(f"error: {error}")
+    write_run_record(cfg, engine, len(dataset))
     spec = engine.spec_stats()
     speculation = ""
     if spec is not None:  # beside LoadGen's logs; the packager names the proposer in the sw_notes
@@ -120,6 +126,33 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
         latency = f", p99 TTFT {ttft / 1e6:.0f} ms, p99 TPOT {tpot / 1e6:.1f} ms"
     return (f"{cfg.scenario} {cfg.mode}: {validity(detail, cfg.mode)}, {tokens_per_s:.1f} tokens/s{latency}; "
             f"{len(sut.errors)} errors{speculation}; logs in {cfg.log_dir}")
+
+
+def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
+    """RUN_RECORD beside LoadGen's logs: the conditions of the run (what the report prints beside its
+    numbers) and the engine's busy time split between prefill and decode (its cost split)."""
+    from sut import machine_description
+
+    record = {
+        "system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario, "mode": cfg.mode,
+        "model": str(cfg.system.model_for(cfg.benchmark.name)), "model_name": cfg.system.model_name,
+        "dtype": str(engine.dtype).removeprefix("torch."),
+        "engine": cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name), "max_model_len": engine.max_model_len,
+        "dataset": str(cfg.system.datasets[cfg.benchmark.name]), "dataset_samples": num_samples,
+        "machine": machine_description(), "commit": _commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "busy_s": engine.busy_stats(),
+    }
+    (cfg.log_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
+
+
+def _commit() -> str:
+    try:
+        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
 def _abandon(engine, error: Exception) -> None:

@@ -131,6 +131,11 @@ class EngineConfig:
 
     max_num_batched_tokens: int = 2048  # token budget of one step (prefill chunks + decodes)
     max_num_seqs: int = 64  # running sequences at most
+    # Off: a prompt is computed whole in one step or waits (vLLM's enable_chunked_prefill=False).
+    enable_chunked_prefill: bool = True
+    # The MLPerf reference SUTs' batching, as a baseline (scheduler.py): a batch of up to max_num_seqs
+    # is admitted only when the last one has ended, and runs until all of its rows have.
+    static_batching: bool = False
     tpot_target_ms: float | None = None  # no prefill in a step that could push a decode's TPOT past it (scheduler.py)
     tpot_cap_ms: float | None = None  # with ttft_patience_ms: the TPOT bound once a prompt has waited that long
     ttft_patience_ms: float | None = None
@@ -189,8 +194,11 @@ class EngineConfig:
             raise ConfigError(f"engine setting device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ConfigError(f"engine setting kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
-        if not isinstance(self.cuda_graphs, bool):
-            raise ConfigError(f"engine setting cuda_graphs must be true or false, got {self.cuda_graphs!r}")
+        for name in ("cuda_graphs", "enable_chunked_prefill", "static_batching"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"engine setting {name} must be true or false, got {getattr(self, name)!r}")
+        if self.static_batching and self.speculative_config is not None:
+            raise ConfigError("engine settings static_batching and speculative_config do not go together")
         if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
             raise ConfigError(f"engine setting kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         if self.speculative_config is not None:

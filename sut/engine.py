@@ -58,6 +58,11 @@ class LLMEngine:
         if self.max_model_len > mc.max_position_embeddings:
             raise ConfigError(f"engine setting max_model_len={self.max_model_len} exceeds the model's "
                               f"max_position_embeddings={mc.max_position_embeddings}")
+        whole_prompts = self.config.static_batching or not self.config.enable_chunked_prefill
+        if whole_prompts and self.max_model_len > self.config.max_num_batched_tokens:
+            raise ConfigError(f"without chunked prefill every sequence must fit one step: max_model_len "
+                              f"{self.max_model_len} exceeds max_num_batched_tokens "
+                              f"{self.config.max_num_batched_tokens}; lower the one or raise the other")
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -202,6 +207,7 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         finished = self._take_inbox()
+        finished += self.scheduler.end_static_batch()
         start = time.perf_counter()
         if self.proposer is not None:
             self.scheduler.propose(self.proposer)
@@ -296,6 +302,11 @@ class LLMEngine:
         return {"method": spec.method, "description": spec.describe(),
                 "num_speculative_tokens": spec.num_speculative_tokens, "adaptive": spec.adaptive,
                 **self.scheduler.spec_metrics.summary()}
+
+    def busy_stats(self) -> dict:
+        """Seconds the steps took since the engine started (or warmed up), split between prefill and
+        decode (Scheduler.record_step says how)."""
+        return {f"{kind}_s": seconds for kind, seconds in self.scheduler.busy_s.items()}
 
     def kv_cache_stats(self) -> dict:
         return {

@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 from sut.config import EngineConfig, ModelConfig
-from sut.engine import LLMEngine, RequestOutput, _load_tokenizer, make_sequence
+from sut.engine import LLMEngine, RequestOutput, _dtype, _load_tokenizer, make_sequence
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, WorkerError
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
+from sut.spec_metrics import SpecMetrics
 
 POLL_S = 0.05  # how long `step` waits for a replica's news before looking at the processes
 
@@ -93,7 +94,7 @@ def _replica_main(index: int, model: str, settings: dict, cores: list[int] | Non
             elif kind == "warmup":
                 outbox.put(("warm", index, engine.warmup()))
             elif kind == "stats":
-                outbox.put(("stats", index, engine.spec_stats(), engine.kv_cache_stats()))
+                outbox.put(("stats", index, engine.spec_stats(), engine.kv_cache_stats(), engine.busy_stats()))
         if engine.has_unfinished():
             try:
                 finished = engine.step()
@@ -129,6 +130,7 @@ class ReplicaPool:
             raise CheckpointError(f"{folder}: model folder does not exist")
         self.model_config = ModelConfig.from_folder(folder)
         self.tokenizer = _load_tokenizer(folder)
+        self.dtype = _dtype(self.config, self.model_config)
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -285,25 +287,26 @@ class ReplicaPool:
 
     def spec_stats(self) -> dict | None:
         """Speculation's counts summed over the replicas (rates from the sums); None without it."""
-        per_replica = [spec for spec, _ in self._gather("stats")]
+        per_replica = [spec for spec, _, _ in self._gather("stats")]
         if per_replica[0] is None:
             return None
-        total = dict(per_replica[0])
-        for key in ("num_proposals", "num_draft_tokens", "num_accepted_tokens"):
-            total[key] = sum(s[key] for s in per_replica)
-        for key in ("proposed_at_position", "accepted_at_position"):
-            total[key] = [sum(v) for v in zip(*(s[key] for s in per_replica))]
-        total["acceptance_rate"] = (total["num_accepted_tokens"] / total["num_draft_tokens"]
-                                    if total["num_draft_tokens"] else None)
-        total["mean_accepted_length"] = (1 + total["num_accepted_tokens"] / total["num_proposals"]
-                                         if total["num_proposals"] else None)
-        total["acceptance_by_position"] = [a / p if p else None for a, p in
-                                           zip(total["accepted_at_position"], total["proposed_at_position"])]
-        return total
+        total = SpecMetrics(per_replica[0]["num_speculative_tokens"])
+        for spec in per_replica:
+            total.num_proposals += spec["num_proposals"]
+            total.num_draft_tokens += spec["num_draft_tokens"]
+            total.num_accepted_tokens += spec["num_accepted_tokens"]
+            total.proposed_at = [a + b for a, b in zip(total.proposed_at, spec["proposed_at_position"])]
+            total.accepted_at = [a + b for a, b in zip(total.accepted_at, spec["accepted_at_position"])]
+        return {**per_replica[0], **total.summary()}
 
     def kv_cache_stats(self) -> dict:
         """Each replica's (a list)."""
-        return {"replicas": [kv for _, kv in self._gather("stats")]}
+        return {"replicas": [kv for _, kv, _ in self._gather("stats")]}
+
+    def busy_stats(self) -> dict:
+        """Summed over the replicas (machine time: each replica holds its own devices)."""
+        per_replica = [busy for _, _, busy in self._gather("stats")]
+        return {key: sum(b[key] for b in per_replica) for key in per_replica[0]}
 
     def close(self) -> None:
         """Stop every replica and wait for it: none is left behind."""

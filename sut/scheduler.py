@@ -26,6 +26,14 @@ start of a step) and computes its last token and the drafts in one go, all count
 budget (a sequence whose drafts do not fit waits a step rather than drop them, so what it emits does
 not depend on what else is in the batch); `update_from_output` keeps the verified prefix of them
 and sets the computed tokens back past the rejected ones. Prefilling sequences do not speculate.
+
+Two settings take features away, for the report's ablation (harness/ablation.py). Without
+`enable_chunked_prefill` a prompt is computed whole in one step or waits for a step with room.
+`static_batching` batches as the MLPerf reference SUTs do with transformers' generate: a batch of
+up to max_num_seqs whole prompts is admitted only when the last batch has ended, with KV blocks for
+every row's prompt and max_tokens reserved up front (generate's padded tensors), and a row that
+finishes computes on (its tokens discarded) until every row of its batch has, when all are
+returned together. Prompts are not padded: the prefill is variable-length either way.
 """
 
 import statistics
@@ -68,6 +76,8 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
+        self.static_batching = config.static_batching
+        self.chunked_prefill = config.enable_chunked_prefill and not config.static_batching
         self.tpot_target_s = None if config.tpot_target_ms is None else config.tpot_target_ms / 1000
         self.tpot_cap_s = None if config.tpot_cap_ms is None else config.tpot_cap_ms / 1000
         self.ttft_patience_s = None if config.ttft_patience_ms is None else config.ttft_patience_ms / 1000
@@ -78,6 +88,7 @@ class Scheduler:
         self.chunk_step_s = 0.0
         self.prefill_token_s = 0.0
         self.decode_step_s = 0.0
+        self.busy_s = {"prefill": 0.0, "decode": 0.0}
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -97,6 +108,7 @@ class Scheduler:
 
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
+        batch_open = not (self.static_batching and self.running)
         scheduled: dict[Sequence, int] = {}
         preempted = False
         prefill_left = self._prefill_budget(now)
@@ -108,9 +120,11 @@ class Scheduler:
                 break
             if seq.status != SequenceStatus.RUNNING:  # preempted earlier in this loop
                 continue
+            if seq.batch_done and len(seq.output_token_ids) >= seq.max_tokens:
+                continue  # finished, and its batch's reserved blocks end here
             n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1 + len(seq.spec_token_ids)
-            if n > budget:  # its drafts do not fit: it waits a step
-                continue
+            if n > budget or (prefill and not self.chunked_prefill and n < seq.num_uncomputed_tokens):
+                continue  # its drafts, or its whole prompt without chunking, do not fit: it waits a step
             while not self.block_manager.allocate(seq, n):
                 victim = self.running[-1]
                 budget += scheduled.pop(victim, 0)
@@ -122,12 +136,17 @@ class Scheduler:
                 scheduled[seq] = n
                 budget -= n
                 prefill_left -= n if prefill else 0
-        # Admit waiting requests only when nothing was preempted: there is room to spare.
-        while not preempted and prefill_left > 0 and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        # Admit waiting requests only when nothing was preempted: there is room to spare (with static
+        # batching, only when the last batch has ended: `running` is this batch).
+        admit = not preempted and batch_open
+        while admit and prefill_left > 0 and self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             seq.num_computed_tokens = self.block_manager.match_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget, prefill_left)
-            if not self.block_manager.allocate(seq, n):
+            if not self.chunked_prefill and n < seq.num_uncomputed_tokens:
+                break
+            reserve = n + (seq.max_tokens - len(seq.output_token_ids) if self.static_batching else 0)
+            if not self.block_manager.allocate(seq, reserve):
                 self._release(seq)
                 break
             self.waiting.popleft()
@@ -181,6 +200,10 @@ class Scheduler:
                     self.block_manager.cache_computed_blocks(seq)
                 continue
             tokens = next(outputs)
+            if seq.batch_done:  # static batching: finished, computing on until its batch has
+                seq.output_token_ids += tokens
+                seq.num_computed_tokens += n
+                continue
             if d:
                 accepted = len(tokens) - 1
                 self.spec_metrics.record(d, accepted)
@@ -199,10 +222,24 @@ class Scheduler:
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             if cache_blocks:
                 self.block_manager.cache_computed_blocks(seq)
-            if reason:
+            if reason and self.static_batching:
+                seq.batch_done = (reason, len(seq.output_token_ids))
+            elif reason:
                 self.finish(seq, reason)
                 finished.append(seq)
-        return finished
+        return finished + self.end_static_batch()
+
+    def end_static_batch(self) -> list[Sequence]:
+        """Static batching: once every row of the batch has finished, finish them all, each cut where
+        it finished (also called after aborts, which can leave only finished rows)."""
+        if not (self.static_batching and self.running and all(s.batch_done for s in self.running)):
+            return []
+        ended = list(self.running)
+        for seq in ended:
+            reason, length = seq.batch_done
+            del seq.output_token_ids[length:]
+            self.finish(seq, reason)
+        return ended
 
     def _append_token(self, seq: Sequence, token: int, now: float) -> str | None:
         """Append one emitted token; return the reason it finishes the sequence, if it does."""
@@ -244,8 +281,18 @@ class Scheduler:
                    for s in (*self.running, *self.waiting))
 
     def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
-        """Called by the engine after each step with its duration."""
+        """Called by the engine after each step with its duration. `busy_s` splits the steps' time
+        between prefill and decode: a step with both gives its decodes what a decode-only step costs
+        now (the median of recent ones), its prefill the rest."""
         prefill = sum(n for n, is_prefill in zip(batch.num_new_tokens, batch.is_prefill) if is_prefill)
+        if not prefill:
+            decode = seconds
+        elif all(batch.is_prefill):
+            decode = 0.0
+        else:
+            decode = min(seconds, self.decode_step_s)
+        self.busy_s["decode"] += decode
+        self.busy_s["prefill"] += seconds - decode
         if prefill:
             self.chunk_steps.append((seconds, max(seconds - self.decode_step_s, 0.0) / prefill or 1e-6))
             self.chunk_step_s = statistics.median(s for s, _ in self.chunk_steps)

@@ -54,6 +54,8 @@ class Sequence:
         self.num_spec_tokens: int | None = None
         self.arrival_time = time.perf_counter()  # when it was added: its first token's wait starts here
         self.first_token_time: float | None = None  # time.perf_counter() when its first token came
+        # Static batching: (reason, output length) once it has finished while its batch goes on.
+        self.batch_done: tuple[str, int] | None = None
         self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"
         self.error: str | None = None
 

@@ -32,6 +32,8 @@ class System:
     # Per-benchmark settings between `engine` and `scenario_engine` (a rig's split of replicas and
     # tensor-parallel ranks per model).
     benchmark_engine: dict[str, dict] = field(default_factory=dict)
+    # The measurement report's settings (harness/ablation.py): samples, rates, proposers, numerics, price.
+    report: dict = field(default_factory=dict)
 
     @staticmethod
     def load(name: str, root: Path = REPO) -> "System":
@@ -44,14 +46,14 @@ class System:
             raw = json.loads(path.read_text())
             harness = raw["saaf_harness"]
             reference = harness.get("accuracy_reference")
-            datasets = {b: _expand(p) for b, p in harness["datasets"].items()}
-            models = ({b: _expand(p) for b, p in harness["models"].items()} if "models" in harness
-                      else {b: _expand(harness["model"]) for b in datasets})
+            datasets = {b: expand_path(p) for b, p in harness["datasets"].items()}
+            models = ({b: expand_path(p) for b, p in harness["models"].items()} if "models" in harness
+                      else {b: expand_path(harness["model"]) for b in datasets})
             system = System(name, models, datasets, dict(harness.get("engine", {})),
                             dict(harness.get("scenario_engine", {})), root / reference if reference else None,
                             list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
                             bool(harness.get("demo", False)), path, raw.get("division", "closed"),
-                            dict(harness.get("benchmark_engine", {})))
+                            dict(harness.get("benchmark_engine", {})), dict(harness.get("report", {})))
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' (or 'models') and 'datasets' "
                                     f"({e!r})") from e
@@ -71,6 +73,6 @@ class System:
         return self.models[benchmark]
 
 
-def _expand(value: str) -> Path:
+def expand_path(value: str) -> Path:
     cache = os.environ.get("SAAF_CACHE", str(Path("~/.cache/saaf-infer").expanduser()))
     return Path(os.path.expandvars(value.replace("${SAAF_CACHE}", cache))).expanduser()

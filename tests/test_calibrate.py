@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
-from harness.calibrate import (BURST_SECONDS, REPLAYS, WINDOW_SECONDS, calibrate, calibrated_user_conf, poisson_arrivals,
-                               replay, worst_window)
+from harness.calibrate import (BURST_SECONDS, REPLAYS, RUN_SHARE, WINDOW_SECONDS, calibrate, calibrated_user_conf,
+                               poisson_arrivals, replay, worst_window)
 from harness.config import check_user_conf
 from sut import LLMEngine, SamplingParams
 from systems.schema import REPO
@@ -78,10 +78,10 @@ def test_a_feasible_scenario_gets_a_rehearsed_target(engine):
     cal = calibrate(engine, random_prompts([20, 40, 10, 30]), PARAMS, "Server", 2000, 100, schedule, probe_seconds=1.0,
                     log=lambda _line: None)
     assert cal.ttft_floor_ms > 0 and cal.tpot_floor_ms > 0
-    assert cal.target_qps is not None and cal.capacity_qps > cal.target_qps
+    assert cal.target_qps == RUN_SHARE * cal.passed_qps and cal.capacity_qps > cal.passed_qps
     passed = cal.probes[-REPLAYS:]  # the first rate whose every replay met the limits
-    assert all(p.qps == cal.target_qps and p.meets(2000, 100) for p in passed)
-    assert all(p.qps > cal.target_qps for p in cal.probes[1:-REPLAYS])
+    assert all(p.qps == cal.passed_qps and p.meets(2000, 100) for p in passed)
+    assert all(p.qps > cal.passed_qps for p in cal.probes[1:-REPLAYS])
     assert cal.probes[-1].seconds == sum(WINDOW_SECONDS)
     assert f"target_qps {cal.target_qps:.3f}" in cal.summary()
 

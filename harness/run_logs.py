@@ -1,0 +1,128 @@
+"""One LoadGen run's folder as data, for the measurement report (harness/report.py): LoadGen's
+detail log (its percentiles and rates, as it computed them), each query's first-token and
+end-to-end latency from LoadGen's trace, each response from the accuracy log (a performance run
+logs them all with `harness run --log-responses`), and the harness's run.json (the conditions, and
+the engine's busy time split between prefill and decode).
+
+LoadGen's trace (mlperf_log_trace.json) is one event per line, and not valid JSON as a whole (its
+LogDetail events double their quotes), so the lines are matched: per query a `Sample` begin event
+(its sequence number, sample index, and its completion after the time it was scheduled for) and a
+`Token_Latency` counter (its issue delay and the time from issue to first token) at the same
+scheduled time stamp, which pairs them. Latencies count from the scheduled time, as LoadGen's do."""
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from accuracy.accuracy_log import read_accuracy_entries
+from compliance.loadgen_logs import RUN_RECORD, read_detail_log
+
+DETAIL_LOG = "mlperf_log_detail.txt"
+SAMPLE_EVENT = re.compile(r'^\{"name":"Sample","cat":"default","ph":"b",.*"ts":([0-9.]+),"args":\{"sample_seq":(\d+),'
+                          r'"query_seq":\d+,"sample_idx":(\d+),"issue_start_ns":(\d+),"complete_ns":(\d+)\}')
+FIRST_TOKEN_EVENT = re.compile(r'^\{"name":"Token_Latency","ph": ?"C",.*"ts":([0-9.]+),"args":\{ ?"issue_delay":(\d+),'
+                               r'"issue_to_done":(\d+)\}')
+
+
+class RunLogError(ValueError):
+    pass
+
+
+@dataclass
+class Query:
+    sample_seq: int  # LoadGen's sequence number of the sample (the accuracy log's seq_id)
+    qsl_idx: int
+    ttft_ns: int
+    latency_ns: int
+    num_tokens: int | None = None  # from the accuracy log
+    tokens: list[int] | None = None
+
+    @property
+    def tpot_ns(self) -> float | None:
+        """LoadGen's time per output token: the time after the first token over the tokens after it."""
+        if self.num_tokens is None or self.num_tokens < 2:
+            return None
+        return (self.latency_ns - self.ttft_ns) / (self.num_tokens - 1)
+
+
+@dataclass
+class RunLogs:
+    folder: Path
+    detail: dict
+    record: dict  # run.json, or {} for logs the harness did not write
+    queries: list[Query] = field(default_factory=list)  # latency scenarios only, in issue order
+
+    @property
+    def scenario(self) -> str:
+        return self.detail.get("effective_scenario", "")
+
+    @property
+    def duration_s(self) -> float | None:
+        """The run's length as LoadGen's completed-samples rate implies it (None in accuracy mode,
+        where LoadGen computes no rates)."""
+        rate = self.detail.get("result_completed_samples_per_sec")
+        return self.detail["result_query_count"] / rate if rate else None
+
+    def percentile_ms(self, kind: str, percentile: str) -> float | None:
+        """LoadGen's own percentile ("50.00", "99.00", ...) of "ttft" or "tpot", in ms (None where
+        LoadGen computed none: accuracy mode)."""
+        key = (f"result_first_token_{percentile}_percentile_latency_ns" if kind == "ttft"
+               else f"result_time_per_output_token_{percentile}_percentile_ns")
+        return self.detail[key] / 1e6 if key in self.detail else None
+
+
+def read_run(folder: Path) -> RunLogs:
+    folder = Path(folder)
+    if not (folder / DETAIL_LOG).is_file():
+        raise RunLogError(f"{folder}: no {DETAIL_LOG} (not a LoadGen run's folder)")
+    detail, _ = read_detail_log(folder / DETAIL_LOG)
+    record = json.loads((folder / RUN_RECORD).read_text()) if (folder / RUN_RECORD).is_file() else {}
+    run = RunLogs(folder, detail, record)
+    if run.scenario == "Server":
+        run.queries = read_queries(folder)
+    return run
+
+
+def read_queries(folder: Path) -> list[Query]:
+    """Every query of a Server-scenario run: its latencies from the trace, its response (where the
+    accuracy log has it)."""
+    trace = folder / "mlperf_log_trace.json"
+    if not trace.is_file():
+        raise RunLogError(f"{trace}: not found (LoadGen writes it beside the detail log)")
+    samples, first_tokens = {}, {}
+    with trace.open() as f:
+        for line in f:
+            if line.startswith('{"name":"Sample"'):
+                match = SAMPLE_EVENT.match(line)
+                if match:
+                    ts, seq, idx, _, done = match.groups()
+                    if ts in samples:
+                        raise RunLogError(f"{trace}: two queries scheduled at {ts} us: their first tokens cannot be paired")
+                    samples[ts] = (int(seq), int(idx), int(done))
+            elif line.startswith('{"name":"Token_Latency"'):
+                match = FIRST_TOKEN_EVENT.match(line)
+                if match:
+                    first_tokens[match.group(1)] = int(match.group(2)) + int(match.group(3))
+    missing = sorted(set(samples) - set(first_tokens))
+    if missing:
+        raise RunLogError(f"{trace}: {len(missing)} queries have no first-token event (the first at {missing[0]} us)")
+    queries = sorted((Query(seq, idx, first_tokens[ts], latency) for ts, (seq, idx, latency) in samples.items()),
+                     key=lambda q: q.sample_seq)
+    accuracy_log = folder / "mlperf_log_accuracy.json"
+    if accuracy_log.is_file():
+        by_seq = {q.sample_seq: q for q in queries}
+        for entry in read_accuracy_entries(accuracy_log):
+            query = by_seq.get(entry["seq_id"])
+            if query is None:
+                raise RunLogError(f"{accuracy_log}: response seq_id {entry['seq_id']} is no query of the trace")
+            query.tokens = entry["data"]
+            query.num_tokens = entry["token_count"] if entry["token_count"] is not None else len(entry["data"])
+    return queries
+
+
+def loadgen_percentile(values: list[float], percentile: float) -> float:
+    """A percentile as LoadGen takes it (results.cc): the sorted values at index
+    min(n - 1, floor(percentile * n))."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(percentile * len(ordered)))]

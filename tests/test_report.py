@@ -1,0 +1,276 @@
+"""The measurement report (harness/report.py): goodput and cost on a hand-built log whose answers are
+known; then the whole ablation on a tiny model, every figure on its page recomputed here from the
+LoadGen logs it cites, and the page rendered by headless Chromium."""
+
+import html.parser
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from accuracy.report import summarization_accuracy
+from compliance.loadgen_logs import MLLOG_MARKER
+from harness.report import build, cost_per_million, goodput
+from harness.run_logs import RunLogError, loadgen_percentile, read_run
+from sut import LLM, SamplingParams
+from systems.benchmarks import BENCHMARKS
+from systems.schema import REPO
+from tests.conftest import SMOLLM2_DIR, random_prompts
+
+# ---- a hand-built run ---------------------------------------------------------------------------
+
+# (TTFT ms, end-to-end ms, tokens) per query, against targets of 2000 ms and 100 ms.
+HAND_QUERIES = [
+    (100, 1100, 11),   # TPOT exactly 100: meets it
+    (2500, 3000, 3),   # TTFT over
+    (500, 2000, 11),   # TPOT 150: over
+    (2000, 2200, 5),   # TTFT exactly 2000, TPOT 50: meets both
+    (300, 300, 1),     # one token: no TPOT, meets it
+]
+HAND_PROMPTS = [[7] * n for n in (10, 20, 30, 40, 50)]
+
+
+def mllog(key, value):
+    return MLLOG_MARKER + " " + json.dumps({"key": key, "value": value, "metadata": {"is_error": False}})
+
+
+def write_hand_run(folder, queries=HAND_QUERIES, busy=(1.0, 3.0)):
+    folder.mkdir(parents=True)
+    detail = [mllog("effective_scenario", "Server"), mllog("result_query_count", len(queries)),
+              mllog("result_completed_samples_per_sec", 0.5), mllog("result_completed_tokens_per_second", 3.1)]
+    for p in ("50.00", "99.00"):
+        detail += [mllog(f"result_first_token_{p}_percentile_latency_ns", 1), mllog(f"result_time_per_output_token_{p}_percentile_ns", 1)]
+    (folder / "mlperf_log_detail.txt").write_text("\n".join(detail) + "\n")
+    trace = ['{"traceEvents":[', '{"name":"LogDetail","ph":"X","pid":1,"tid":2,"ts":1.0,"dur":1.0,"args":{"key":""x""}},']
+    accuracy = []
+    for seq, (ttft, e2e, tokens) in enumerate(queries):
+        ts = f"{1000.5 + 2e6 * seq:.3f}"
+        # Times from the scheduled one, as LoadGen logs them: issued 5 ns late.
+        trace.append(f'{{"name":"Token_Latency","ph": "C","pid":1,"ts":{ts},"args":{{ "issue_delay":5,'
+                     f'"issue_to_done":{ttft * 10**6 - 5}}}}},')
+        trace.append(f'{{"name":"Sample","cat":"default","ph":"b","pid":1,"id":{seq},"ts":{ts},"args":{{"sample_seq":{seq},'
+                     f'"query_seq":{seq},"sample_idx":{seq},"issue_start_ns":5,"complete_ns":{e2e * 10**6}}}}},')
+        accuracy.append({"seq_id": seq, "qsl_idx": seq, "data": "03000000" * tokens, "token_data": "03000000",
+                         "token_count": tokens})
+    (folder / "mlperf_log_trace.json").write_text("\n".join(trace) + "\n")
+    (folder / "mlperf_log_accuracy.json").write_text(json.dumps(accuracy))
+    (folder / "run.json").write_text(json.dumps({"busy_s": {"prefill_s": busy[0], "decode_s": busy[1]}}))
+    return folder
+
+
+def test_goodput_counts_exactly_the_queries_under_both_targets(tmp_path):
+    run = read_run(write_hand_run(tmp_path / "run"))
+    assert [(q.ttft_ns, q.latency_ns, q.num_tokens) for q in run.queries] == [
+        (t * 10**6, e * 10**6, n) for t, e, n in HAND_QUERIES]
+    assert run.duration_s == 10.0  # 5 queries at 0.5 per second
+    assert goodput(run, 2000, 100) == (3, 0.3)
+    assert goodput(run, 2000, 99.9) == (2, 0.2)  # the first query's TPOT of 100 ms is now over
+    assert goodput(run, 5000, 1000) == (5, 0.5)
+
+
+def test_cost_per_million_tokens_follows_the_stated_formula(tmp_path):
+    # 3.6 per hour for 10 s is 0.01; a quarter of the busy time was prefill.
+    share, per_input, per_output = cost_per_million(3.6, 10.0, {"prefill_s": 1.0, "decode_s": 3.0}, 150, 31)
+    assert share == 0.25
+    assert per_input == pytest.approx(0.01 * 0.25 / 150 * 1e6)
+    assert per_output == pytest.approx(0.01 * 0.75 / 31 * 1e6)
+    run = read_run(write_hand_run(tmp_path / "run"))
+    from harness.report import figures_for
+
+    fig = figures_for(run, "hand", "run", (2000, 100), 3.6, HAND_PROMPTS)
+    assert (fig.input_tokens, fig.output_tokens) == (150, 31)
+    assert fig.cost_per_m_input == pytest.approx(per_input) and fig.cost_per_m_output == pytest.approx(per_output)
+
+
+def test_a_trace_missing_a_first_token_is_refused_by_name(tmp_path):
+    folder = write_hand_run(tmp_path / "run")
+    trace = folder / "mlperf_log_trace.json"
+    trace.write_text("\n".join(line for line in trace.read_text().splitlines() if '"ts":1000.500,' not in line
+                               or "Sample" in line) + "\n")
+    with pytest.raises(RunLogError, match="1 queries have no first-token event"):
+        read_run(folder)
+
+
+# ---- the ablation on a tiny model ---------------------------------------------------------------
+
+SAMPLES = 12
+TARGETS = BENCHMARKS["llama3.1-8b"].latency_limits_ms["Server"]
+PRICE = 1.5
+
+
+@pytest.fixture(scope="module")
+def report_run(tiny_llama, tmp_path_factory):
+    root = tmp_path_factory.mktemp("report-repo")
+    model_dir = root / "tiny-llama"
+    shutil.copytree(tiny_llama[0], model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(SMOLLM2_DIR / name, model_dir / name)
+    prompts = random_prompts([5 + (i * 7) % 40 for i in range(16)], seed=11)
+    llm = LLM(model_dir, num_kv_blocks=1024)
+    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=1))]
+    dataset = root / "data.json"
+    dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
+    system = {"division": "open", "saaf_harness": {
+        "model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)}, "engine": {"num_kv_blocks": 1024},
+        "scenarios": ["Server"], "demo": True,
+        "report": {"samples": SAMPLES, "target_qps": 20, "sweep": [0.5, 1, 2],
+                   "proposers": [{"method": "ngram", "num_speculative_tokens": 2}], "price_per_hour": PRICE}}}
+    (root / "systems").mkdir()
+    (root / "systems" / "tiny.json").write_text(json.dumps(system))
+    out = root / "report"
+    done = subprocess.run([sys.executable, "-m", "harness.report", "--system", "tiny", "--root", str(root),
+                           "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return root, out, prompts, done.stdout
+
+
+class Tables(html.parser.HTMLParser):
+    """Each <table id=...> of a page as its rows of cell texts (header row first)."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.tables, self._table, self._row = {}, None, None
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self._table = self.tables.setdefault(dict(attrs).get("id", f"table{len(self.tables)}"), [])
+        elif tag == "tr" and self._table is not None:
+            self._row = []
+            self._table.append(self._row)
+        elif tag in ("td", "th") and self._row is not None:
+            self._row.append("")
+
+    def handle_endtag(self, tag):
+        if tag == "table":
+            self._table = self._row = None
+        elif tag == "tr":
+            self._row = None
+
+    def handle_data(self, data):
+        if self._row:
+            self._row[-1] += data
+
+
+def independent_queries(folder):
+    """Per query (TTFT ns, latency ns, tokens, qsl_idx, token ids) from LoadGen's trace and accuracy
+    log, parsed here line by line with json (each event line is JSON by itself); times from the
+    scheduled one, as LoadGen counts them."""
+    samples, first = {}, {}
+    for line in (folder / "mlperf_log_trace.json").read_text().splitlines():
+        if line.startswith('{"name":"Sample","cat":"default","ph":"b"') or line.startswith('{"name":"Token_Latency"'):
+            event = json.loads(line.rstrip(","))
+            if event["name"] == "Sample":
+                samples[event["ts"]] = event["args"]
+            else:
+                first[event["ts"]] = event["args"]["issue_delay"] + event["args"]["issue_to_done"]
+    responses = {e["seq_id"]: e for e in json.loads((folder / "mlperf_log_accuracy.json").read_text())}
+    out = []
+    for ts, args in samples.items():
+        entry = responses[args["sample_seq"]]
+        ids = [int.from_bytes(bytes.fromhex(entry["data"][i:i + 8]), "little") for i in range(0, len(entry["data"]), 8)]
+        out.append((first[ts], args["complete_ns"], entry["token_count"], args["sample_idx"], ids))
+    return out
+
+
+def detail(folder):
+    values = {}
+    for line in (folder / "mlperf_log_detail.txt").read_text().splitlines():
+        if line.startswith(MLLOG_MARKER):
+            entry = json.loads(line[len(MLLOG_MARKER):])
+            values.setdefault(entry["key"], entry["value"])
+    return values
+
+
+def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_run):
+    from transformers import AutoTokenizer
+
+    root, out, prompts, stdout = report_run
+    plan = json.loads((out / "runs" / "ablation.json").read_text())
+    labels = [c["label"] for c in plan["configs"]]
+    assert labels[:4] == ["static batching", "continuous batching", "chunked prefill", "n-gram speculation"]
+    assert [c["target_qps"] for c in plan["configs"][4:]] == [10, 40]  # 1x is the ablation's last run
+    assert re.search(r"^report: \[1/6\] static batching at 20.000 QPS", stdout, re.MULTILINE)
+    tables = Tables((out / "report.html").read_text()).tables
+    headline, sweep, cost_table = tables["headline"], tables["sweep"], tables["cost"]
+    assert [row[0] for row in headline[1:]] == labels[:4]
+    tokenizer = AutoTokenizer.from_pretrained(root / "tiny-llama")
+    references = [r["output"] for r in json.loads((root / "data.json").read_text())]
+    responses_by_run = []
+    for config, row in zip(plan["configs"], headline[1:]):
+        folder = out / "runs" / config["folder"]
+        d, queries = detail(folder), independent_queries(folder)
+        assert len(queries) == d["result_query_count"] == SAMPLES
+        assert sorted(q[3] for q in queries) == sorted(set(q[3] for q in queries))  # each sample once
+        ttft, e2e = [q[0] for q in queries], [q[1] for q in queries]
+        tpot = [(b - a) / (n - 1) for a, b, n, *_ in queries if n > 1]
+        # LoadGen's percentiles from these per-query values: the trace's pairing is LoadGen's own.
+        for p, key in ((0.5, "50.00"), (0.99, "99.00")):
+            assert loadgen_percentile(ttft, p) == d[f"result_first_token_{key}_percentile_latency_ns"]
+            assert loadgen_percentile(e2e, p) == d[f"result_{key}_percentile_latency_ns"]
+            assert loadgen_percentile(tpot, p) == pytest.approx(d[f"result_time_per_output_token_{key}_percentile_ns"],
+                                                                rel=1e-6, abs=1)
+        ms = lambda key: d[key] / 1e6  # noqa: E731
+        assert row[3] == f"{ms('result_first_token_50.00_percentile_latency_ns'):.0f} / " \
+                         f"{ms('result_first_token_99.00_percentile_latency_ns'):.0f}"
+        assert row[4] == f"{ms('result_time_per_output_token_50.00_percentile_ns'):.1f} / " \
+                         f"{ms('result_time_per_output_token_99.00_percentile_ns'):.1f}"
+        assert row[5] == f"{d['result_completed_tokens_per_second']:.1f}"
+        duration = d["result_query_count"] / d["result_completed_samples_per_sec"]
+        good = sum(1 for a, b, n, *_ in queries
+                   if a <= TARGETS[0] * 1e6 and (n < 2 or (b - a) / (n - 1) <= TARGETS[1] * 1e6))
+        assert row[6] == f"{good / duration:.3f} ({good}/{SAMPLES})"
+        busy = json.loads((folder / "run.json").read_text())["busy_s"]
+        share = busy["prefill_s"] / (busy["prefill_s"] + busy["decode_s"])
+        cost = PRICE * duration / 3600
+        inputs, outputs = sum(len(prompts[q[3]]) for q in queries), sum(q[2] for q in queries)
+        assert row[7] == f"{cost * share / inputs * 1e6:.4f}" and row[8] == f"{cost * (1 - share) / outputs * 1e6:.4f}"
+        cost_row = next(r for r in cost_table if r[0] == config["label"])
+        assert cost_row[2:5] == [str(inputs), str(outputs), f"{share:.3f}"]
+        responses = {q[3]: q[4] for q in queries}
+        responses_by_run.append(responses)
+        order = sorted(responses)
+        scores = summarization_accuracy(tokenizer.batch_decode([responses[i] for i in order], skip_special_tokens=True),
+                                        [references[i] for i in order], [len(responses[i]) for i in order])
+        assert row[9].split(" ")[0] == f"{scores['rouge1']:.4f}" and row[10].split(" ")[0] == f"{scores['rougeL']:.4f}"
+    # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
+    assert all(r == responses_by_run[0] for r in responses_by_run)
+    assert all(row[9].endswith("(+0.00%)") and row[11] == "yes" for row in headline[1:])
+    rates = [row[0] for row in sweep[1:]]
+    assert rates == ["10.000", "20.000", "40.000"]
+    md = (out / "report.md").read_text()
+    assert "| " + " | ".join(headline[1]) + " |" in md  # the same tables in the Markdown
+    assert "TTFT 2000 ms, TPOT 100 ms" in md and "1.5 per hour" in md
+
+
+def test_the_page_is_rebuilt_from_existing_runs(report_run, tmp_path):
+    _, out, _, _ = report_run
+    logs = tmp_path / "logs"
+    for name in ("03-chunked", "sweep-40.000"):  # a submission's folders: no plan beside them
+        shutil.copytree(out / "runs" / name, logs / name)
+    report = build([logs], tmp_path / "page", price=PRICE)
+    assert [f["label"] for f in report["figures"]] == ["03-chunked", "sweep-40.000"]
+    first = json.loads((out / "report.json").read_text())["figures"]
+    again = {f["folder"]: f for f in report["figures"]}
+    for f in first:
+        if f["folder"] in again:
+            for key in ("ttft_p99_ms", "tpot_p99_ms", "goodput_qps", "cost_per_m_input", "cost_per_m_output"):
+                assert again[f["folder"]][key] == f[key], key
+    assert (tmp_path / "page" / "report.html").is_file()
+
+
+def test_headless_chromium_renders_the_page_with_every_image(report_run):
+    _, out, _, _ = report_run
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "headless Chromium is not installed: `make browser` installs Debian's package"
+    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
+                           "--dump-dom", (out / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    body = re.search(r"<body([^>]*)>", done.stdout).group(1)
+    total = int(re.search(r'data-images-total="(\d+)"', body).group(1))
+    loaded = int(re.search(r'data-images-loaded="(\d+)"', body).group(1))
+    assert total == loaded == 4
+    assert 'id="headline"' in done.stdout and "static batching" in done.stdout
