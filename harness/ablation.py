@@ -133,7 +133,7 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
         if multiple == 1 and last.engine == own:
             last.in_sweep = True  # the ablation's run of the system's own settings is this point
             continue
-        configs.append(Config(f"sweep-{qps:.3f}", f"system settings at {qps:.3f} QPS", f"{multiple}x the arrival rate",
+        configs.append(Config(f"sweep-{qps:.3f}", f"system settings x{multiple:g}", f"{multiple:g}x the arrival rate",
                               None, "sweep", qps, own, in_sweep=True))
     return configs
 

@@ -111,7 +111,8 @@ def conditions(report: dict) -> list[tuple[str, str]]:
         ("latency targets", f"TTFT {report['targets_ms']['ttft']:g} ms, TPOT {report['targets_ms']['tpot']:g} ms"),
         ("price", f"{report['price_per_hour']:g} per hour" + (f" ({report['price_note']})" if report["price_note"] else "")
          if report["price_per_hour"] else "none given: no costs"),
-        ("date", shared("date")),
+        ("date", " to ".join(sorted({dates[0], dates[-1]})) if (dates := sorted(r.get("date", "unknown") for r in records))
+         else "unknown"),
         ("commit", shared("commit")),
     ]
 

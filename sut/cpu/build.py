@@ -76,15 +76,24 @@ def hold_onednn_to_forced_level() -> None:
 hold_onednn_to_forced_level()
 
 
+# The instruction-set flags a run record names (x86 "flags", Arm "Features" in /proc/cpuinfo).
+RECORDED_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                  "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "asimddp", "sve", "sve2")
+
+
 def cpu_description() -> str:
-    """The CPU, its cores and the kernel level the engine takes here, for run records."""
-    model = next((line.split(":", 1)[1].strip() for line in _cpuinfo_lines() if line.startswith("model name")),
+    """The CPU, its cores, its SIMD flags and the kernel level the engine takes here, for run records."""
+    lines = _cpuinfo_lines()
+    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
                  platform.processor() or platform.machine())
+    present = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith(("flags", "Features"))), []))
+    flags = " ".join(f for f in RECORDED_FLAGS if f in present) or "unknown"
     lib = library()
     kernels = f"C kernels at the {lib.level} level" if lib is not None else "no C kernels (PyTorch ops only)"
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
     held = f", oneDNN held to {onednn}" if onednn else ""
-    return f"{model}, {os.cpu_count()} cores ({platform.machine()}); {kernels}{held} (this CPU runs {runnable_levels()})"
+    return (f"{model}, {os.cpu_count()} cores ({platform.machine()}; flags {flags}); {kernels}{held} "
+            f"(this CPU runs {runnable_levels()})")
 
 
 def _cpuinfo_lines() -> list[str]:
