@@ -40,11 +40,27 @@ def _quality(f: dict, metric: str) -> str:
     return f"{f['quality'][metric]:.4f}" + ("" if change is None else f" ({change:+.2f}%)")
 
 
+def _ablation(figs: list[dict]) -> list[dict]:
+    return [f for f in figs if f["kind"] != "sweep"]
+
+
+def _sweep(figs: list[dict]) -> list[dict]:
+    """The load sweep's points (the ablation's run of the system's settings among them), by rate."""
+    return sorted((f for f in figs if f["in_sweep"]), key=lambda f: f["target_qps"])
+
+
+def _axis(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.grid(alpha=0.3)
+
+
 def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """(id, title, header, rows) of each table on the page."""
     figs = report["figures"]
-    ablation = [f for f in figs if f["kind"] != "sweep"]
-    sweep = sorted((f for f in figs if f["in_sweep"]), key=lambda f: f["target_qps"])
+    ablation, sweep = _ablation(figs), _sweep(figs)
     t = report["targets_ms"]
     price = report["price_per_hour"]
     headline = (
@@ -120,7 +136,7 @@ def conditions(report: dict) -> list[tuple[str, str]]:
 def plots(report: dict) -> dict[str, bytes]:
     """name -> PNG bytes."""
     figs = report["figures"]
-    ablation = [f for f in figs if f["kind"] != "sweep"]
+    ablation, sweep = _ablation(figs), _sweep(figs)
     t = report["targets_ms"]
     out = {}
 
@@ -131,15 +147,11 @@ def plots(report: dict) -> dict[str, bytes]:
             ax.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post", label=f["label"])
     for ax, name, target in zip(axes, ("TTFT", "TPOT"), (t["ttft"], t["tpot"])):
         ax.axvline(target, color="gray", linestyle="--", label=f"target {target:g} ms")
-        ax.set_xlabel(f"{name} (ms)")
-        ax.set_ylabel("share of queries")
-        ax.set_title(f"{name} per query (CDF)")
-        ax.grid(alpha=0.3)
+        _axis(ax, f"{name} (ms)", "share of queries", f"{name} per query (CDF)")
     axes[1].legend(fontsize=7)
     out["latency_cdf"] = _png(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    sweep = sorted((f for f in figs if f["in_sweep"]), key=lambda f: f["target_qps"])
     for ax, key, name, target in zip(axes, ("ttft_p99_ms", "tpot_p99_ms"), ("p99 TTFT", "p99 TPOT"),
                                      (t["ttft"], t["tpot"])):
         for f in ablation:
@@ -148,10 +160,8 @@ def plots(report: dict) -> dict[str, bytes]:
         if len(sweep) > 1:
             ax.plot([f["tokens_per_s"] for f in sweep], [f[key] for f in sweep], "k.-", label="load sweep")
         ax.axhline(target, color="gray", linestyle="--", label=f"target {target:g} ms")
-        ax.set_xlabel("throughput (tokens/s)")
-        ax.set_ylabel(f"{name} (ms)")
+        _axis(ax, "throughput (tokens/s)", f"{name} (ms)")
         ax.set_yscale("log")
-        ax.grid(alpha=0.3)
     axes[1].legend(fontsize=7)
     out["throughput_latency"] = _png(fig)
 
@@ -161,10 +171,7 @@ def plots(report: dict) -> dict[str, bytes]:
     ax.plot(rates, [f["completed_qps"] for f in points], "o-", label="completed (q/s)")
     ax.plot(rates, [f["goodput_qps"] or 0 for f in points], "s-", label="goodput (q/s)")
     ax.plot(rates, rates, color="gray", linestyle=":", label="arrival rate")
-    ax.set_xlabel("arrival rate (q/s)")
-    ax.set_ylabel("queries per second")
-    ax.set_title("Goodput against load")
-    ax.grid(alpha=0.3)
+    _axis(ax, "arrival rate (q/s)", "queries per second", "Goodput against load")
     ax.legend(fontsize=7)
     out["goodput_rate"] = _png(fig)
 
@@ -175,10 +182,7 @@ def plots(report: dict) -> dict[str, bytes]:
     if scored:
         ax.axhline(QUALITY_TARGET * scored[0]["quality"]["rouge1"], color="gray", linestyle="--",
                    label=f"{QUALITY_TARGET:.0%} of {scored[0]['label']}")
-    ax.set_xlabel("throughput (tokens/s)")
-    ax.set_ylabel("rouge1")
-    ax.set_title("Quality against speed")
-    ax.grid(alpha=0.3)
+    _axis(ax, "throughput (tokens/s)", "rouge1", "Quality against speed")
     ax.legend(fontsize=7)
     out["quality_speed"] = _png(fig)
     return out

@@ -63,3 +63,25 @@ def hf_greedy(model, prompt, max_new_tokens, eos_token_id=2):
                              do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
                              pad_token_id=eos_token_id)
     return out[0, len(prompt):].tolist()
+
+
+def tiny_model_and_dataset(tiny_folder, root, num_samples, seed):
+    """The tiny Llama under root/tiny-llama with SmolLM2's tokenizer, and a dataset root/data.json of
+    random prompts whose references are the model's own greedy outputs (so ROUGE is high: not 100, a
+    sample of only special tokens decodes to nothing). Returns (model folder, prompts, references,
+    dataset path)."""
+    import json
+    import shutil
+
+    from sut import LLM, SamplingParams
+
+    model_dir = root / "tiny-llama"
+    shutil.copytree(tiny_folder, model_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(SMOLLM2_DIR / name, model_dir / name)
+    prompts = random_prompts([5 + (i * 7) % 40 for i in range(num_samples)], seed=seed)
+    llm = LLM(model_dir, num_kv_blocks=2048)
+    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=1))]
+    dataset = root / "data.json"
+    dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
+    return model_dir, prompts, references, dataset

@@ -15,10 +15,9 @@ from accuracy.report import summarization_accuracy
 from compliance.loadgen_logs import MLLOG_MARKER
 from harness.report import build, cost_per_million, goodput
 from harness.run_logs import RunLogError, loadgen_percentile, read_run
-from sut import LLM, SamplingParams
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
-from tests.conftest import SMOLLM2_DIR, random_prompts
+from tests.conftest import tiny_model_and_dataset
 
 # ---- a hand-built run ---------------------------------------------------------------------------
 
@@ -104,15 +103,7 @@ PRICE = 1.5
 @pytest.fixture(scope="module")
 def report_run(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("report-repo")
-    model_dir = root / "tiny-llama"
-    shutil.copytree(tiny_llama[0], model_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy2(SMOLLM2_DIR / name, model_dir / name)
-    prompts = random_prompts([5 + (i * 7) % 40 for i in range(16)], seed=11)
-    llm = LLM(model_dir, num_kv_blocks=1024)
-    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=1))]
-    dataset = root / "data.json"
-    dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
+    model_dir, prompts, _, dataset = tiny_model_and_dataset(tiny_llama[0], root, 16, seed=11)
     system = {"division": "open", "saaf_harness": {
         "model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)}, "engine": {"num_kv_blocks": 1024},
         "scenarios": ["Server"], "demo": True,

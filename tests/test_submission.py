@@ -17,9 +17,8 @@ import pytest
 from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
-from sut import LLM, SamplingParams
 from systems.schema import REPO
-from tests.conftest import SMOLLM2_DIR, random_prompts
+from tests.conftest import tiny_model_and_dataset
 
 NUM_SAMPLES = 24
 USER_CONF = """\
@@ -56,17 +55,8 @@ def write_system(root, model_dir, dataset, reference):
 def chain(tiny_llama, tmp_path_factory):
     """Every run of the demo chain for a tiny system; returns (repo-like root, the packaged tree)."""
     root = tmp_path_factory.mktemp("repo")
-    model_dir = root / "tiny-llama"
-    shutil.copytree(tiny_llama[0], model_dir)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy2(SMOLLM2_DIR / name, model_dir / name)
-    prompts = random_prompts([5 + (i * 7) % 40 for i in range(NUM_SAMPLES)], seed=5)
-    # References equal to the model's own greedy outputs, so ROUGE is high (not 100: a sample of
-    # only special tokens decodes to nothing) and a planted low score shows.
-    llm = LLM(model_dir, num_kv_blocks=2048)
-    references = [o.text for o in llm.generate(prompts, SamplingParams(max_tokens=128, min_tokens=1))]
-    dataset = root / "data.json"
-    dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
+    # References are the model's own outputs, so ROUGE is high and a planted low score shows.
+    model_dir, _, references, dataset = tiny_model_and_dataset(tiny_llama[0], root, NUM_SAMPLES, seed=5)
     reference = root / "reference.json"
     reference.write_text(json.dumps({"scores": {"rouge1": 80.0, "rouge2": 80.0, "rougeL": 80.0, "rougeLsum": 80.0,
                                                 "gen_len": sum(map(len, references))}, "eos_token_ids": [2]}))
