@@ -1,0 +1,97 @@
+"""A data-parallel replica or a tensor-parallel rank killed in the middle of a LoadGen run: the
+harness (harness/loadgen_sut.py's loop, harness/run.py's `_abandon`) answers every sample LoadGen
+issued exactly once, says which process died, exits with status 3 within seconds, and leaves no
+process behind. Each run is its own Python process, since `_abandon` ends the process."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.test_triton_kernels import REPO
+
+SCRIPT = """
+import json, os, signal, sys, threading, time
+import mlperf_loadgen as lg
+import harness.loadgen_sut as loadgen_sut
+from harness.loadgen_sut import EngineSUT, construct_qsl
+from harness.run import _abandon
+from sut import LLMEngine, ReplicaPool, SamplingParams
+from tests.conftest import random_prompts
+
+model, kind, out = sys.argv[1:]
+settings = dict(num_kv_blocks=256, max_num_seqs=16, device="cpu")
+engine = ReplicaPool(model, 2, **settings) if kind == "replica" else LLMEngine(model, tensor_parallel_size=2, **settings)
+victim = engine._procs[1] if kind == "replica" else engine.ranks[0]
+children = [p.pid for p in (engine._procs if kind == "replica" else engine.ranks)]
+issued, answered = [], []
+complete = loadgen_sut._complete
+def counted(sample_id, tokens, first_token=False):
+    if not first_token:
+        answered.append(sample_id)
+    complete(sample_id, tokens, first_token)
+loadgen_sut._complete = counted
+
+def fatal(error):
+    with open(out, "w") as f:
+        json.dump({"issued": issued, "answered": answered, "children": children, "victim": victim.pid,
+                   "seconds_after_kill": time.monotonic() - killed[0]}, f)
+    _abandon(engine, error)
+
+issue = EngineSUT.issue_queries
+def issue_counted(self, samples):
+    issued.extend(s.id for s in samples)
+    issue(self, samples)
+EngineSUT.issue_queries = issue_counted
+prompts = random_prompts([20] * 32, seed=4)
+sut = EngineSUT(engine, prompts, SamplingParams(max_tokens=230, min_tokens=1, ignore_eos=True), False, on_fatal=fatal)
+
+killed = []
+def kill_when_busy():
+    while len(issued) < len(prompts):
+        threading.Event().wait(0.05)
+    time.sleep(0.2)  # both processes mid-step
+    killed.append(time.monotonic())
+    os.kill(victim.pid, signal.SIGKILL)
+threading.Thread(target=kill_when_busy, daemon=True).start()
+
+qsl = construct_qsl(len(prompts), len(prompts))
+settings = lg.TestSettings()
+settings.scenario, settings.mode = lg.TestScenario.Offline, lg.TestMode.PerformanceOnly
+settings.use_token_latencies = True
+settings.min_query_count, settings.min_duration_ms = len(prompts), 0
+log_settings = lg.LogSettings()
+log_settings.log_output.outdir = os.path.dirname(out)
+sut.run_test(qsl, settings, log_settings)
+print("LoadGen returned: the death went unnoticed", flush=True)
+sys.exit(0)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("kind, name", [("replica", "data-parallel replica 1"), ("rank", "tensor-parallel rank 1")])
+def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_answered_once(tiny_llama, tmp_path,
+                                                                                           kind, name):
+    out = tmp_path / "answers.json"
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_llama[0]), kind, str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
+    record = json.loads(out.read_text())
+    assert f"error: harness: {name} (pid {record['victim']}" in done.stderr and "the run is abandoned" in done.stderr
+    assert record["seconds_after_kill"] < 10
+    assert sorted(record["answered"]) == sorted(record["issued"]) and len(record["issued"]) == 32, \
+        "a sample lost or answered twice"
+    deadline = time.monotonic() + 10
+    while any(map(_alive, record["children"])) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, record["children"])), "a replica or rank was left running"
