@@ -4,7 +4,6 @@ issued exactly once, says which process died, exits with status 3 within seconds
 process behind. Each run is its own Python process, since `_abandon` ends the process."""
 
 import json
-import os
 import subprocess
 import sys
 import time
