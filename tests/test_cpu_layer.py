@@ -96,13 +96,19 @@ def test_engine_decodes_in_one_call_within_the_row_limit(blocks_folder, monkeypa
     forward = decoder.forward
     monkeypatch.setattr(decoder, "forward", lambda ids, *a: calls.append((len(ids), forward(ids, *a) is not None))
                         or forward(ids, *a))
-    prompts = random_prompts([3, 5, 2, 7] * ((decoder.max_rows + 4) // 4))[:decoder.max_rows + 1]
+    # One row past a limit; a level without one (avx512's int16 kernels) takes a batch of 32 in one call.
+    bounded = decoder.max_rows < 32
+    num_prompts = decoder.max_rows + 1 if bounded else 32
+    prompts = random_prompts([3, 5, 2, 7] * ((num_prompts + 3) // 4))[:num_prompts]
     for batch in (prompts[:1], prompts):
         outputs = llm.generate(batch, SamplingParams(max_tokens=6))
         assert [o.token_ids for o in outputs] == expected(batch)
     taken = {n for n, used in calls if used}
     assert 1 in taken and max(taken) <= decoder.max_rows
-    assert (decoder.max_rows + 1, False) in calls
+    if bounded:
+        assert (decoder.max_rows + 1, False) in calls
+    else:  # decodes of more rows than any bounded level allows (a few sequences end early at EOS)
+        assert max(taken) > 16, sorted(set(calls))
 
 
 def test_no_decoder_without_the_c_ops(blocks_folder):
