@@ -83,27 +83,32 @@ def run(model: str, prompts, max_new_tokens: int, batch: int, spec: dict | None,
     return llm, [o.token_ids for o in outputs], seconds, clock
 
 
-def forward_ms(runner, seqs, rows: int | list[int], block_tables, repeats: int = 5) -> float:
-    """The best time of `runner.execute` on `rows` (one count, or one per sequence) new tokens per
-    sequence at the ends of `seqs`."""
-    rows = [rows] * len(seqs) if isinstance(rows, int) else rows
-    tokens = [s.prompt_token_ids[-r:] for s, r in zip(seqs, rows)]
-    starts = [len(s.prompt_token_ids) - r for s, r in zip(seqs, rows)]
-    step = runner.prepare_tokens(seqs, tokens, starts, rows, block_tables)
-    runner.execute(step)
-    best = float("inf")
+def forward_ms(runner, seqs, rows: list[int | list[int]], block_tables, repeats: int = 15) -> list[float]:
+    """The best time of `runner.execute` for each entry of `rows`: new tokens per sequence at the ends
+    of `seqs` (one count for all, or one per sequence). The entries are timed in turn, round after
+    round, so a slow spell of the machine falls on all of them."""
+    steps = []
+    for entry in rows:
+        counts = [entry] * len(seqs) if isinstance(entry, int) else entry
+        tokens = [s.prompt_token_ids[-r:] for s, r in zip(seqs, counts)]
+        starts = [len(s.prompt_token_ids) - r for s, r in zip(seqs, counts)]
+        steps.append(runner.prepare_tokens(seqs, tokens, starts, counts, block_tables))
+        runner.execute(steps[-1])
+    best = [float("inf")] * len(steps)
     for _ in range(repeats):
-        start = time.perf_counter()
-        runner.execute(step)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
+        for i, step in enumerate(steps):
+            start = time.perf_counter()
+            runner.execute(step)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return [b * 1e3 for b in best]
 
 
-def step_costs(llm: LLM, prompts, batch: int, k: int) -> tuple[dict[float, float], float | None]:
-    """At `batch` sequences with the prompts' contexts: the cost of a decode step in which a share of
-    the sequences verifies k + 1 rows (the rest one), over a plain decode step, at shares 0, 1/4, 1/2,
-    3/4 and 1 of the batch (1 is Leviathan's v); and a draft forward's (c; None without a draft
-    model)."""
+def step_costs(llm: LLM, prompts, batch: int, k: int, step_ms: float) -> tuple[dict[float, float], float]:
+    """At `batch` sequences with the prompts' contexts, over a plain decode step of `step_ms` (the
+    plain run's mean: the forward and the host's work around it): the cost of a decode step in which
+    a share of the sequences verifies k + 1 rows (the rest one) at shares 0, 1/4, 1/2, 3/4 and 1 of
+    the batch (1 is Leviathan's v), and of a draft forward (c; 0 without a draft model). The forwards
+    are timed alone; a step's host work is taken to be the same with or without drafts."""
     engine = llm.engine
     seqs = [engine.make_sequence(p, SamplingParams()) for p in prompts[:batch]]
     for seq in seqs:
@@ -111,12 +116,12 @@ def step_costs(llm: LLM, prompts, batch: int, k: int) -> tuple[dict[float, float
             raise ConfigError("the KV cache cannot hold the prompts of one batch")
     tables = engine.block_manager.block_tables
     try:
-        decode = forward_ms(engine.runner, seqs, 1, tables)
         verifying = sorted({round(batch * share) for share in (0.25, 0.5, 0.75, 1.0)} - {0})
-        costs = {0.0: 1.0} | {j / batch: forward_ms(engine.runner, seqs, [k + 1] * j + [1] * (batch - j), tables) / decode
-                              for j in verifying}
+        decode, *verify = forward_ms(engine.runner, seqs, [1] + [[k + 1] * j + [1] * (batch - j) for j in verifying],
+                                     tables)
+        costs = {0.0: 1.0} | {j / batch: 1 + (ms - decode) / step_ms for j, ms in zip(verifying, verify)}
         draft = getattr(engine.proposer, "runner", None)
-        c = forward_ms(draft, seqs, 1, tables) / decode if draft is not None else None
+        c = forward_ms(draft, seqs, [1], tables)[0] / step_ms if draft is not None else 0.0
     finally:
         for seq in seqs:
             engine.block_manager.free(seq)
@@ -248,8 +253,8 @@ def main():
         for name, spec in proposers.items():
             llm, outputs, seconds, clock = run(args.model, prompts, args.max_new_tokens, batch, spec, args.engine)
             stats = llm.engine.spec_stats()
-            costs, c = step_costs(llm, prompts, batch, args.k)
-            c, v = c or 0.0, costs[1.0]
+            costs, c = step_costs(llm, prompts, batch, args.k, 1e3 * plain_clock.decode_s / plain_clock.decode_steps)
+            v = costs[1.0]
             a = stats["acceptance_rate"] or 0.0
             tps = sum(map(len, outputs)) / seconds
             verified = clock.verify_steps / max(clock.decode_steps, 1)
@@ -267,7 +272,8 @@ def main():
     print(f"k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy; n-gram lookup matches "
           f"{args.ngram_max}..{args.ngram_min} tokens. accept: accepted / proposed drafts; mean len: tokens per "
           "verification; verified: share of decode steps that verified drafts (of any sequence); c, v: a draft "
-          "forward and a verification of k + 1 rows by every sequence over a plain decode step at that batch. "
+          "forward and a step in which every sequence verifies k + 1 rows over the plain run's mean decode step at "
+          "that batch (forwards timed alone, the step's host work the same). "
           "Predicted speed-ups (prefill time added back): Leviathan's E / (k c + v) from the acceptance, the same "
           "with v = 1 (the paper's assumption), and 'run': the speculating run's own decode steps at the plain "
           "run's step time, each times the measured cost of a step with its share of verifying sequences, plus "
