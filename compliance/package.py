@@ -77,9 +77,10 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     calibration = load_calibration(logs)
     if calibration is not None:
         with open(out / "README.md", "a") as f:
-            f.write(f"\n## The load of this run\n\nCalibrated on the machine that ran it (`python -m harness.calibrate`, "
-                    f"whose method its docstring states): {calibration['summary']}. user.conf here is the committed "
-                    "one with that target_qps.\n")
+            method = calibration.get("method", "`python -m harness.calibrate`")
+            f.write(f"\n## The load of this run\n\nCalibrated on the machine that ran it ({method}, whose method its "
+                    f"docstring states): {calibration['summary']}. user.conf here is the committed one with that "
+                    "target_qps.\n")
     for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
         _copy(logs / "performance" / name, out / "performance" / "run_1" / name)
         _copy(logs / "accuracy" / name, out / "accuracy" / name)

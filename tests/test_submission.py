@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -442,3 +443,41 @@ def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(ch
     assert re.search(rf"data-parallel replica 1 \(pid {replicas[1]}, cores .*\) died .*the run is abandoned", stderr)
     for pid in replicas:
         assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+
+
+def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rate(chain, tmp_path):
+    """LoadGen issues target_qps x min_duration x 1.1 samples in Offline: at a target_qps below what
+    the machine does, they are done before min_duration and the run is INVALID. The chain's
+    offline_rate sets target_qps from the rate measured; LoadGen's rerun at it issues that many
+    samples, and within the chain's reruns one is VALID."""
+    from compliance.submission import OFFLINE_RATE_MARGIN, OFFLINE_RERUNS, offline_rate
+
+    root = chain[0]
+    conf = tmp_path / "user.conf"
+    conf.write_text(USER_CONF.replace("Offline.min_duration = 0", "Offline.min_duration = 2000"))
+    logs = tmp_path / "Offline"
+
+    def run(user_conf):
+        done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Offline",
+                               "--mode", "performance", "--root", str(root), "--user-conf", str(user_conf),
+                               "--log-dir", str(logs / "performance"), "--no-warmup"],
+                              capture_output=True, text=True, cwd=REPO)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return read_detail_log(logs / "performance" / "mlperf_log_detail.txt")[0]
+
+    short = run(conf)
+    assert short["result_min_duration_met"] is False and short["result_validity"] == "INVALID"
+    runs = [short]
+    for attempt in range(1, OFFLINE_RERUNS + 1):
+        rerun = offline_rate(conf, "llama3_1-8b", logs)
+        if rerun is None:
+            break
+        calibration = json.loads((logs / "calibration" / "calibration.json").read_text())
+        assert calibration["target_qps"] == round(runs[-1]["result_samples_per_second"] * OFFLINE_RATE_MARGIN, 3)
+        assert rerun == ["--user-conf", str(logs / "calibration" / "user.conf")]
+        assert f"llama3_1-8b.Offline.target_qps = {calibration['target_qps']}\n" in Path(rerun[1]).read_text()
+        assert (logs / "calibration" / f"short-run-{attempt}" / "mlperf_log_summary.txt").is_file()
+        runs.append(run(rerun[1]))
+        assert runs[-1]["effective_target_qps"] == calibration["target_qps"]
+        assert runs[-1]["effective_samples_per_query"] == int(calibration["target_qps"] * 2 * 1.1)
+    assert runs[-1]["result_min_duration_met"] is True and runs[-1]["result_validity"] == "VALID", runs[-1]
