@@ -188,9 +188,9 @@ def chain(system_name: str, benchmarks: list[str] | None, out: Path, root: Path)
                 command = [sys.executable, "-m", "harness", "run", "--system", system_name, "--benchmark", benchmark,
                            "--scenario", scenario, "--mode", mode, *_root_args(root)]
                 run_step(command + user_conf)
-                committed = root / "measurements" / system_name / benchmark / scenario / "user.conf"
                 for _ in range(OFFLINE_RERUNS if scenario == "Offline" and mode == "performance" else 0):
-                    rerun = offline_rate(committed, BENCHMARKS[benchmark].loadgen_name(scenario), logs)
+                    rerun = offline_rate(root / "measurements" / system_name / benchmark / scenario / "user.conf",
+                                         BENCHMARKS[benchmark].loadgen_name(scenario), logs)
                     if rerun is None:
                         break
                     user_conf = rerun
