@@ -86,7 +86,7 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
     summary = (f"Offline: a performance run at target_qps {detail['effective_target_qps']} finished in "
                f"{detail['result_max_latency_ns'] / 1e9:.1f} s, under its min_duration of "
                f"{detail['effective_min_duration_ms'] / 1e3:.0f} s, at {measured:.3f} samples/s; run again at "
-               f"target_qps {qps} ({OFFLINE_RATE_MARGIN} x that rate; its logs are in calibration/{short_run.name})")
+               f"target_qps {qps} ({OFFLINE_RATE_MARGIN} x that rate; its logs are in {short_run})")
     (calibration / "calibration.json").write_text(json.dumps(
         {"scenario": "Offline", "target_qps": qps, "measured_samples_per_s": measured, "summary": summary,
          "method": "compliance.submission's offline_rate"}, indent=2) + "\n")
