@@ -27,7 +27,7 @@ from accuracy.dataset import DatasetError, load_cnn_eval
 from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import PackagingError, load_calibration, package
-from systems.benchmarks import BENCHMARKS
+from systems.benchmarks import BENCHMARKS, with_target_qps
 from systems.schema import REPO, System, SystemConfigError
 
 MODES = ("performance", "accuracy", "TEST06")
@@ -73,10 +73,7 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
         return None
     measured = detail["result_samples_per_second"]
     qps = round(measured * OFFLINE_RATE_MARGIN, 3)
-    key = re.compile(rf"^\s*{re.escape(loadgen_model)}\.Offline\.target_qps\s*=.*$", re.MULTILINE)
-    line = f"{loadgen_model}.Offline.target_qps = {qps}"
-    text = committed_conf.read_text()
-    text = key.sub(line, text) if key.search(text) else text.rstrip("\n") + "\n" + line + "\n"
+    text = with_target_qps(committed_conf.read_text(), loadgen_model, "Offline", str(qps))
     calibration = logs / "calibration"
     calibration.mkdir(parents=True, exist_ok=True)
     short_run = calibration / f"short-run-{len(list(calibration.glob('short-run-*'))) + 1}"

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_cnn_eval
 from harness.config import HarnessConfigError, RunConfig
+from systems.benchmarks import with_target_qps
 from systems.schema import REPO
 
 FLOOR_SHARE = 0.6  # a floor above this share of a limit leaves no room for queueing
@@ -274,10 +275,7 @@ def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limi
 
 def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float) -> str:
     """The committed user.conf with the scenario's target_qps replaced, and a comment saying so."""
-    key = re.compile(rf"^\s*{re.escape(loadgen_model)}\.Server\.target_qps\s*=.*$", re.MULTILINE)
-    text = committed.read_text()
-    line = f"{loadgen_model}.Server.target_qps = {target_qps:.4f}"
-    text = key.sub(line, text) if key.search(text) else text.rstrip("\n") + "\n" + line + "\n"
+    text = with_target_qps(committed.read_text(), loadgen_model, "Server", f"{target_qps:.4f}")
     return f"# target_qps calibrated on this machine by harness.calibrate (calibration.json beside this file)\n{text}"
 
 

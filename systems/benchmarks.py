@@ -2,6 +2,7 @@
 LLM benchmark, in one entry (v6.1; sources in mlperf-rules.md sections 1 and 2). A new benchmark
 is one more entry in ENTRIES."""
 
+import re
 from dataclasses import dataclass, field
 
 # Scenarios the harness runs ("Interactive" is LoadGen's Server with the "-interactive" model's limits).
@@ -14,6 +15,14 @@ DATACENTER = {"datacenter": (frozenset({"Offline"}), frozenset({"Server", "Inter
 EDGE = {"edge": (frozenset({"Offline", "SingleStream"}), frozenset())}
 
 LLAMA3_EOS = frozenset({128001, 128008, 128009})
+
+
+def with_target_qps(conf_text: str, loadgen_model: str, loadgen_scenario: str, value: str) -> str:
+    """A user.conf's text with `loadgen_model.loadgen_scenario.target_qps = value`, replacing the
+    line that sets it or, where none does, appended."""
+    key = re.compile(rf"^\s*{re.escape(loadgen_model)}\.{loadgen_scenario}\.target_qps\s*=.*$", re.MULTILINE)
+    line = f"{loadgen_model}.{loadgen_scenario}.target_qps = {value}"
+    return key.sub(line, conf_text) if key.search(conf_text) else conf_text.rstrip("\n") + "\n" + line + "\n"
 
 
 @dataclass(frozen=True)
