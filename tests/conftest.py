@@ -56,6 +56,15 @@ def random_prompts(lengths, vocab=256, seed=0):
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` is running (Linux /proc; a zombie has exited)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def hf_greedy(model, prompt, max_new_tokens, eos_token_id=2):
     """transformers' greedy continuation of one unpadded prompt, cut after the first EOS."""
     with torch.no_grad():

@@ -19,7 +19,7 @@ from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
 from systems.schema import REPO
-from tests.conftest import tiny_model_and_dataset
+from tests.conftest import process_alive, tiny_model_and_dataset
 
 NUM_SAMPLES = 24
 USER_CONF = """\
@@ -441,8 +441,7 @@ def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(ch
             proc.kill()
     assert proc.returncode == 3
     assert re.search(rf"data-parallel replica 1 \(pid {replicas[1]}, cores .*\) died .*the run is abandoned", stderr)
-    for pid in replicas:
-        assert not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+    assert not any(map(process_alive, replicas))
 
 
 def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rate(chain, tmp_path):

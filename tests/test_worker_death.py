@@ -1,7 +1,9 @@
 """A data-parallel replica or a tensor-parallel rank killed in the middle of a LoadGen run: the
 harness (harness/loadgen_sut.py's loop, harness/run.py's `_abandon`) answers every sample LoadGen
 issued exactly once, says which process died, exits with status 3 within seconds, and leaves no
-process behind. Each run is its own Python process, since `_abandon` ends the process."""
+process behind. Each run is its own Python process, since `_abandon` ends the process.
+(tests/test_submission.py kills a replica of a `python -m harness run` from outside; this test
+counts the samples and covers a tensor-parallel rank too.)"""
 
 import json
 import subprocess
@@ -10,6 +12,7 @@ import time
 
 import pytest
 
+from tests.conftest import process_alive
 from tests.test_triton_kernels import REPO
 
 SCRIPT = """
@@ -69,14 +72,6 @@ sys.exit(0)
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
-    except FileNotFoundError:
-        return False
-
-
 @pytest.mark.parametrize("kind, name", [("replica", "data-parallel replica 1"), ("rank", "tensor-parallel rank 1")])
 def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_answered_once(tiny_llama, tmp_path,
                                                                                            kind, name):
@@ -90,6 +85,6 @@ def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_an
     assert sorted(record["answered"]) == sorted(record["issued"]) and len(record["issued"]) == 64, \
         "a sample lost or answered twice"
     deadline = time.monotonic() + 10
-    while any(map(_alive, record["children"])) and time.monotonic() < deadline:
+    while any(map(process_alive, record["children"])) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(map(_alive, record["children"])), "a replica or rank was left running"
+    assert not any(map(process_alive, record["children"])), "a replica or rank was left running"
