@@ -13,15 +13,15 @@ class AccuracyLogError(ValueError):
     pass
 
 
-def read_accuracy_entries(path: str | Path, dtype=np.int32) -> list[dict]:
+def read_accuracy_entries(path: str | Path, dtype=np.int32, data: bytes | None = None) -> list[dict]:
     """Every entry, in log order, as {"seq_id", "qsl_idx", "data": token ids, "token_count", and (non-Offline
-    runs) "token_data": the first-token response's ids}."""
+    runs) "token_data": the first-token response's ids}. `data`: the file's bytes, already read."""
     path = Path(path)
-    if not path.is_file():
+    if data is None and not path.is_file():
         raise AccuracyLogError(f"{path}: accuracy log not found")
     try:
-        raw = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+        raw = json.loads(path.read_bytes() if data is None else data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise AccuracyLogError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(raw, list):
         raise AccuracyLogError(f"{path}: expected a JSON list of responses")
@@ -49,9 +49,9 @@ def _decode_ids(hex_data: str, dtype, where: str) -> list[int]:
     return np.frombuffer(data, dtype).tolist()
 
 
-def read_accuracy_log(path: str | Path, dtype=np.int32) -> dict[int, list[int]]:
+def read_accuracy_log(path: str | Path, dtype=np.int32, data: bytes | None = None) -> dict[int, list[int]]:
     """qsl_idx -> generated token ids, in the order the samples first appear."""
     tokens: dict[int, list[int]] = {}
-    for entry in read_accuracy_entries(path, dtype):
+    for entry in read_accuracy_entries(path, dtype, data):
         tokens.setdefault(entry["qsl_idx"], entry["data"])
     return tokens

@@ -29,7 +29,13 @@ def load_cnn_eval(path: str | Path) -> Dataset:
     if not path.is_file():
         raise DatasetError(f"{path}: dataset file not found (for the demo, run `make data`)")
     try:
-        records = json.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DatasetError(f"{path}: not a UTF-8 text file (binary data at byte {e.start}); the dataset is a JSON list "
+                           "of samples (for llama2-70b's pickle, convert it first: `python -m harness.openorca "
+                           "convert`)") from None
+    try:
+        records = json.loads(text)
     except json.JSONDecodeError as e:
         raise DatasetError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(records, list) or not records:
@@ -42,7 +48,7 @@ def load_cnn_eval(path: str | Path) -> Dataset:
             if field not in record:
                 raise DatasetError(f"{path}: sample {i} has no {field!r} field")
         ids = record["tok_input"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+        if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
             raise DatasetError(f"{path}: sample {i} field 'tok_input' must be a non-empty list of token ids")
         if not isinstance(record["output"], str):
             raise DatasetError(f"{path}: sample {i} field 'output' must be a string")

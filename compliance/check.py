@@ -12,17 +12,20 @@ mode) into warnings. Exit status 0 only when the tree passes.
 """
 
 import argparse
+import hashlib
 import json
 import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from accuracy.accuracy_log import AccuracyLogError
+from accuracy.accuracy_log import AccuracyLogError, read_accuracy_entries
+from accuracy.evaluate import accuracy_log_hash
 from accuracy.report import reference_targets
 from compliance import test06
 from compliance.audit import audit_values
 from compliance.loadgen_logs import read_detail_log
+from compliance.package import CUT_MARK, VIEWABLE_BYTES
 from systems.benchmarks import BENCHMARKS, Benchmark
 
 SEEDS_V61 = {"effective_qsl_rng_seed": 2085463073848966840,
@@ -175,6 +178,7 @@ def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets:
                     "regexes cannot read them")
     if not re.search(r"^hash=[\w\d]+$", text, re.MULTILINE):
         report.fail(text_path, "accuracy-hash", "no hash= line")
+    check_scored_log(acc_dir, text, values.get(key), report)
     for metric, (low, high) in targets.items():
         match = re.search(ACCURACY_PATTERNS[metric], text)
         if match is None:
@@ -184,6 +188,31 @@ def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets:
         if value < low or (high is not None and value > high):
             bound = f">= {low:.4f}" if high is None else f"in [{low:.4f}, {high:.4f}]"
             report.fail(text_path, "accuracy-target", f"{metric} = {value} is not {bound}")
+
+
+def check_scored_log(acc_dir: Path, text: str, samples, report: Report) -> None:
+    """accuracy.txt against the accuracy log beside it, as far as the tree allows: a log kept whole
+    must be the one hashed in accuracy.txt, and a cut one must have a LoadGen log's two ends; the
+    samples scored (gen_num) must be those the accuracy run covered (`samples`, from its detail log).
+    A score left from another run beside a killed run's log fails here."""
+    path = acc_dir / "mlperf_log_accuracy.json"
+    data = path.read_bytes()
+    head, mark, tail = data.partition(CUT_MARK)
+    if mark and len(head) == VIEWABLE_BYTES and len(tail) == VIEWABLE_BYTES:  # the packager's cut
+        if not (head.lstrip().startswith(b"[") and tail.rstrip().endswith(b"]")):
+            report.fail(path, "accuracy-log", "its kept ends are not those of a LoadGen accuracy log (a JSON list)")
+    else:
+        scored = accuracy_log_hash(text)
+        if scored is not None and scored != hashlib.sha256(data).hexdigest():
+            report.fail(path, "accuracy-log", f"not the log accuracy.txt was computed from (its hash= line is {scored})")
+        try:
+            read_accuracy_entries(path, data=data)
+        except AccuracyLogError as e:
+            report.fail(path, "accuracy-log", f"not a LoadGen accuracy log: {e}")
+    match = re.search(r"'gen_num':\s(\d+)", text)
+    if match and samples is not None and int(match.group(1)) != samples:
+        report.fail(acc_dir / "accuracy.txt", "accuracy-coverage", f"scores {match.group(1)} samples (gen_num), and the "
+                    f"accuracy run covered {samples}: the score is not of this run")
 
 
 def check_test06(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:

@@ -10,9 +10,14 @@ MLPerf v6.1 submission tree (mlperf-rules.md section 5):
       results/<system>/<benchmark or model>/<Scenario>/
         measurements.json, README.md, user.conf
         performance/run_1/mlperf_log_{summary,detail}.txt
-        accuracy/accuracy.txt (+ hash= line), mlperf_log_accuracy.json (cut as the official
-                 truncation step cuts it), mlperf_log_{summary,detail}.txt
+        accuracy/accuracy.txt (its hash= line that of the whole accuracy log), mlperf_log_accuracy.json
+                 (cut as the official truncation step cuts it), mlperf_log_{summary,detail}.txt
         TEST06/verify_accuracy.txt, TEST06/accuracy/mlperf_log_accuracy.json
+
+Only complete runs are packaged (compliance/run_folder.py: a killed, failed or interrupted run's
+folder, or one whose files changed since, is refused by name), and accuracy.txt only with the
+accuracy log it was computed from (its hash= line). Every run folder is checked before anything is
+written, so a refusal leaves the tree as it was; every path written or deleted lies inside `--out`.
 
     python -m compliance.package --system cpu-demo --out build/submission
 """
@@ -24,13 +29,16 @@ import shutil
 import sys
 from pathlib import Path
 
+from accuracy.evaluate import accuracy_log_hash
 from compliance import test06
 from compliance.loadgen_logs import SPEC_METRICS_FILE
+from compliance.run_folder import RunFolderError, check_inside, complete_run, sha256_of
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
 
 # The official truncation step keeps the first and last 4 KiB of a results accuracy log.
 VIEWABLE_BYTES = 4096
+CUT_MARK = b"\n\n...\n\n"  # between the two kept ends
 SRC_ITEMS = ("sut", "kernels", "harness", "accuracy", "compliance", "systems", "measurements", "Makefile",
              "pyproject.toml", "requirements.txt", "requirements-models.txt", "README.md")
 
@@ -48,9 +56,31 @@ def eos_token_ids(model_dir: Path) -> set[int]:
 def truncate_accuracy_log(src: Path, dst: Path) -> str:
     """Copy `src` to `dst` cut to its first and last 4 KiB; return the SHA-256 of the full file."""
     data = src.read_bytes()
-    cut = data[:VIEWABLE_BYTES] + b"\n\n...\n\n" + data[-VIEWABLE_BYTES:] if len(data) >= VIEWABLE_BYTES else data
+    cut = data[:VIEWABLE_BYTES] + CUT_MARK + data[-VIEWABLE_BYTES:] if len(data) >= VIEWABLE_BYTES else data
+    dst.parent.mkdir(parents=True, exist_ok=True)
     dst.write_bytes(cut)
     return hashlib.sha256(data).hexdigest()
+
+
+def check_runs(benchmark: str, settings: Path, logs: Path) -> None:
+    """Before anything is written: the scenario's measurements files are there, its runs are complete
+    and unchanged, and its accuracy.txt was computed from the accuracy log beside it. PackagingError
+    naming the file or folder."""
+    for name in ("measurements.json", "README.md", "user.conf"):
+        if not (settings / name).is_file():
+            raise PackagingError(f"{settings / name} is missing: the system's measurements folder needs it")
+    try:
+        complete_run(logs / "performance", needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt"))
+        complete_run(logs / "accuracy", needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt", "accuracy.txt",
+                                               "mlperf_log_accuracy.json"))
+        if BENCHMARKS[benchmark].test06:
+            complete_run(logs / "TEST06", needs=("mlperf_log_accuracy.json",))
+    except RunFolderError as e:
+        raise PackagingError(str(e)) from None
+    scored = accuracy_log_hash((logs / "accuracy" / "accuracy.txt").read_text())
+    if scored != sha256_of(logs / "accuracy" / "mlperf_log_accuracy.json"):
+        raise PackagingError(f"{logs / 'accuracy' / 'accuracy.txt'} was not computed from the accuracy log beside it "
+                             f"(its hash= line is {scored}): score the run again")
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -84,17 +114,10 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
         _copy(logs / "performance" / name, out / "performance" / "run_1" / name)
         _copy(logs / "accuracy" / name, out / "accuracy" / name)
-    _copy(logs / "accuracy" / "accuracy.txt", out / "accuracy" / "accuracy.txt")
-    if not (logs / "accuracy" / "mlperf_log_accuracy.json").is_file():
-        raise PackagingError(f"{logs / 'accuracy'} has no mlperf_log_accuracy.json")
-    digest = truncate_accuracy_log(logs / "accuracy" / "mlperf_log_accuracy.json",
-                                   out / "accuracy" / "mlperf_log_accuracy.json")
-    with open(out / "accuracy" / "accuracy.txt", "a") as f:
-        f.write(f"\nhash={digest}\n")
+    _copy(logs / "accuracy" / "accuracy.txt", out / "accuracy" / "accuracy.txt")  # its hash= line (check_runs)
+    truncate_accuracy_log(logs / "accuracy" / "mlperf_log_accuracy.json", out / "accuracy" / "mlperf_log_accuracy.json")
     if not BENCHMARKS[benchmark].test06:
         return []
-    if not (logs / "TEST06" / "mlperf_log_accuracy.json").is_file():
-        raise PackagingError(f"{logs / 'TEST06'} has no mlperf_log_accuracy.json: run the TEST06 mode first")
     return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model_for(benchmark)))
 
 
@@ -148,6 +171,9 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
     unknown = sorted(set(names) - set(BENCHMARKS))
     if unknown:
         raise PackagingError(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
+    without = sorted(set(names) - set(system.datasets))
+    if without:
+        raise PackagingError(f"system {system.name!r} has no dataset, hence no runs, for {without}")
     if len(set(names.values())) < len(names):
         raise PackagingError(f"system {system.name!r} substitutes one model_name {system.model_name!r} for the "
                              f"benchmarks {sorted(names)}, whose results would share one folder: package them from "
@@ -159,9 +185,22 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
             raise PackagingError(f"{mapping_path} maps {name!r} to {mapping[name]!r}, not to {benchmark!r}")
         if name != benchmark:
             mapping[name] = benchmark
+    packaged = []  # (benchmark, name, scenario, its run logs), each checked before anything is written
+    for benchmark, name in names.items():
+        for scenario in system.scenarios:
+            logs = root / "build" / "logs" / system.name / benchmark / scenario
+            calibration = load_calibration(logs)
+            if calibration is None or calibration["target_qps"] is not None:  # None: this machine meets no load
+                check_runs(benchmark, root / "measurements" / system.name / benchmark / scenario, logs)
+            packaged.append((benchmark, name, scenario, logs, calibration))
     speculation = speculation_notes(system, list(names), root)
     if speculation:
         description["sw_notes"] = "; ".join(filter(None, [description.get("sw_notes", ""), speculation]))
+    for path in (org, org / "results" / system.name, *(org / "results" / system.name / n for n in names.values())):
+        try:
+            check_inside(path, out, "a folder of the tree")
+        except RunFolderError as e:
+            raise PackagingError(str(e)) from None
     (org / "systems").mkdir(parents=True, exist_ok=True)
     (org / "systems" / f"{system.name}.json").write_text(json.dumps(description, indent=2) + "\n")
     for item in SRC_ITEMS:
@@ -187,17 +226,15 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
             shutil.copy2(system.accuracy_reference, org / "documentation" / f"{name}_reference_accuracy.json")
         if (org / "results" / system.name / name).exists():
             shutil.rmtree(org / "results" / system.name / name)
-        for scenario in system.scenarios:
-            settings = root / "measurements" / system.name / benchmark / scenario
-            logs = root / "build" / "logs" / system.name / benchmark / scenario
-            results = org / "results" / system.name / name / scenario
-            calibration = load_calibration(logs)
-            if calibration is not None and calibration["target_qps"] is None:  # this machine meets no load
-                with open(org / "documentation" / "README.md", "a") as f:
-                    f.write(f"\n{name} {scenario} is left out: {calibration['summary']}\n")
-                continue
-            failures += [f"{results}: TEST06: {f}"
-                         for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
+    for benchmark, name, scenario, logs, calibration in packaged:
+        results = org / "results" / system.name / name / scenario
+        if calibration is not None and calibration["target_qps"] is None:  # this machine meets no load
+            with open(org / "documentation" / "README.md", "a") as f:
+                f.write(f"\n{name} {scenario} is left out: {calibration['summary']}\n")
+            continue
+        settings = root / "measurements" / system.name / benchmark / scenario
+        failures += [f"{results}: TEST06: {f}"
+                     for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
     return org, failures
 
 

@@ -18,15 +18,18 @@ import io
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import PackagingError, load_calibration, package
+from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
 from systems.benchmarks import BENCHMARKS, with_target_qps
 from systems.schema import REPO, System, SystemConfigError
 
@@ -51,14 +54,22 @@ def run_step(command: list[str]) -> None:
     with the command and the child's own `error:` line (held back here, so the chain ends in one)."""
     child = subprocess.Popen(command, cwd=REPO, stderr=subprocess.PIPE)
     reason = last = None
-    # newline="": lines split at \r too, and are passed on as written, so progress bars stay bars.
-    for line in io.TextIOWrapper(child.stderr, errors="replace", newline=""):
-        if line.startswith("error: "):
-            reason = line.strip().removeprefix("error: ")
-            continue
-        sys.stderr.write(line)
-        sys.stderr.flush()
-        last = line.strip() or last
+    try:
+        # newline="": lines split at \r too, and are passed on as written, so progress bars stay bars.
+        for line in io.TextIOWrapper(child.stderr, errors="replace", newline=""):
+            if line.startswith("error: "):
+                reason = line.strip().removeprefix("error: ")
+                continue
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            last = line.strip() or last
+    except KeyboardInterrupt:
+        try:  # a terminal's Ctrl-C reached the child too, which ends within a step
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a `kill -INT` of this process alone did not
+            child.send_signal(signal.SIGINT)
+            child.wait()
+        raise
     if child.wait():
         raise ChainError(f"`python {' '.join(command[1:])}` failed: {reason or last or f'exit status {child.returncode}'}")
 
@@ -163,15 +174,39 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     return ["--user-conf", str(logs / "calibration" / "user.conf")]
 
 
+def check_before_runs(system: System, benchmarks: list[str]) -> None:
+    """What every run of the chain needs, before the first starts: each benchmark a known one with a
+    dataset in the system, its dataset readable, its model's tokenizer there (the accuracy runs
+    score with it)."""
+    unknown = [b for b in benchmarks if b not in BENCHMARKS]
+    if unknown:
+        raise ChainError(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
+    without = [b for b in benchmarks if b not in system.datasets]
+    if without:
+        raise ChainError(f"{system.path} names no dataset for {without}; it has {sorted(system.datasets)}")
+    for benchmark in benchmarks:
+        load_cnn_eval(system.datasets[benchmark])
+        load_tokenizer(system.model_for(benchmark))
+
+
 def chain(system_name: str, benchmarks: list[str] | None, out: Path, root: Path) -> bool:
     """Every run, the tree and its check; True when the tree passes."""
     start = time.time()
     system = System.load(system_name, root)
     benchmarks = benchmarks or sorted(system.datasets)
+    check_before_runs(system, benchmarks)
+    build = root / "build"
+    # One chain per system at a time: it clears and fills build/logs/<system>/.
+    with FolderLock(build / "logs" / f".{system_name}.chain.lock", f"the submission chain of system {system_name!r}"):
+        return _chain(system, benchmarks, out, root, build, start)
+
+
+def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: Path, start: float) -> bool:
+    system_name = system.name
     for benchmark in benchmarks:
         for scenario in system.scenarios:
             logs = root / "build" / "logs" / system_name / benchmark / scenario
-            shutil.rmtree(logs, ignore_errors=True)  # no run or calibration of an earlier chain stays
+            clear_build_folder(logs, build)  # no run or calibration of an earlier chain stays
             user_conf = []
             if scenario in LATENCY_SCENARIOS:
                 print(f"submission: {system_name} {benchmark} {scenario} calibration "
@@ -216,8 +251,11 @@ def main() -> None:
     args = parser.parse_args()
     try:
         passed = chain(args.system, args.benchmarks, args.out, args.root)
-    except (SystemConfigError, DatasetError, PackagingError, ChainError) as e:
+    except (SystemConfigError, DatasetError, PackagingError, ChainError, RunFolderError, TokenizerError) as e:
         sys.exit(f"error: submission: {e}")
+    except KeyboardInterrupt:
+        print("error: submission: interrupted (Ctrl-C); the tree was not built", file=sys.stderr)
+        sys.exit(130)
     sys.exit(0 if passed else 1)
 
 

@@ -3,10 +3,12 @@
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from accuracy.dataset import DatasetError
+from compliance.run_folder import RunFolderError
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
@@ -32,7 +34,8 @@ def main() -> None:
     run_parser.add_argument("--log-responses", action="store_true",
                             help="log every response in the accuracy log in performance mode too (the report's runs)")
     args = parser.parse_args()
-    from harness.run import run
+    from harness.loadgen_sut import Interrupted
+    from harness.run import RunFailed, run
     from sut import SaafError
 
     try:
@@ -44,7 +47,16 @@ def main() -> None:
                                 engine, args.log_dir)
         cfg.warmup, cfg.log_responses = not args.no_warmup, args.log_responses
         print(run(cfg))
-    except (HarnessConfigError, DatasetError, SaafError) as e:  # a user's error: one line, no traceback
+    except RunFailed as e:
+        print(e.summary)
+        sys.exit(f"error: harness: {e}")
+    except (Interrupted, KeyboardInterrupt) as e:
+        print(f"error: harness: {e or 'interrupted (Ctrl-C)'}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # LoadGen's thread may still run its test, and the interpreter's exit would tear it down
+        # under it (a segmentation fault): end the process here, as a SIGINT would, with 130.
+        os._exit(130)
+    except (HarnessConfigError, DatasetError, SaafError, RunFolderError) as e:  # a user's error: one line
         sys.exit(f"error: harness: {e}")
 
 

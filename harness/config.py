@@ -12,6 +12,7 @@ from pathlib import Path
 
 import mlperf_loadgen as lg
 
+from accuracy.evaluate import TokenizerError, load_tokenizer
 from systems.benchmarks import BENCHMARKS, ENTRIES, Benchmark
 from systems.schema import REPO, System, SystemConfigError
 
@@ -66,15 +67,27 @@ def check_user_conf(path: Path) -> None:
             raise HarnessConfigError(f"{path}:{n}: {key} must not be negative, got {value}")
 
 
-def check_engine_settings(system: System, benchmark: str, scenario: str) -> None:
-    """The engine refuses bad settings only once it starts; this finds them before a run does."""
+def check_engine_settings(system: System, benchmark: str, scenario: str, overrides: dict | None = None) -> None:
+    """The engine refuses bad settings only once it starts; this finds them before a run does, and
+    names where the bad one came from: the system file, or `overrides` (`--engine`) over it."""
     from sut.config import EngineConfig
     from sut.errors import ConfigError
 
-    try:
-        EngineConfig.from_kwargs(**system.engine_settings(scenario, benchmark))
-    except ConfigError as e:
-        raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {benchmark} {scenario}: {e}") from None
+    def check(settings: dict) -> ConfigError | None:
+        try:
+            EngineConfig.from_kwargs(**settings)
+        except ConfigError as e:
+            return e
+        return None
+
+    own = system.engine_settings(scenario, benchmark)
+    error = check({**own, **(overrides or {})})
+    if error is None:
+        return
+    if overrides and check(own) is None:  # the file's settings alone are good: --engine's broke them
+        raise HarnessConfigError(f"--engine {json.dumps(overrides)}: over {system.path.name}'s settings for "
+                                 f"{benchmark} {scenario}: {error}")
+    raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {benchmark} {scenario}: {error}")
 
 
 def check_speculation_allowed(system: System, benchmark: Benchmark, scenario: str) -> None:
@@ -114,6 +127,7 @@ class RunConfig:
     log_dir: Path
     warmup: bool = True  # the engine's warm-up before LoadGen starts
     log_responses: bool = False  # every response in the accuracy log, in performance mode too (the report's runs)
+    tokenizer: object = None  # the model's, loaded by `resolve` for an accuracy run (its scoring)
 
     @staticmethod
     def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO,
@@ -133,11 +147,11 @@ class RunConfig:
             sys_config = System.load(system, root)
         except SystemConfigError as e:
             raise HarnessConfigError(str(e)) from None
+        if engine is not None and not isinstance(engine, dict):
+            raise HarnessConfigError(f"--engine: engine settings over the system's must be a JSON object, got {engine!r}")
+        check_engine_settings(sys_config, benchmark, scenario, engine)
         if engine is not None:
-            if not isinstance(engine, dict):
-                raise HarnessConfigError(f"engine settings over the system's must be a JSON object, got {engine!r}")
             sys_config.scenario_engine[scenario] = {**sys_config.scenario_engine.get(scenario, {}), **engine}
-        check_engine_settings(sys_config, benchmark, scenario)
         check_speculation_allowed(sys_config, BENCHMARKS[benchmark], scenario)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
@@ -146,5 +160,13 @@ class RunConfig:
             _check_reference(reference, sys_config.datasets[benchmark], system)
         user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
         check_user_conf(user_conf)
+        if log_dir is not None and log_dir.exists() and not log_dir.is_dir():
+            raise HarnessConfigError(f"--log-dir {log_dir} is a file, not a folder")
         log_dir = log_dir or root / "build" / "logs" / system / benchmark / scenario / mode
-        return RunConfig(sys_config, BENCHMARKS[benchmark], scenario, mode, user_conf, log_dir)
+        tokenizer = None
+        if mode == "accuracy":  # scoring needs it: found missing now, not after the whole run
+            try:
+                tokenizer = load_tokenizer(sys_config.model_for(benchmark))
+            except TokenizerError as e:
+                raise HarnessConfigError(str(e)) from None
+        return RunConfig(sys_config, BENCHMARKS[benchmark], scenario, mode, user_conf, log_dir, tokenizer=tokenizer)

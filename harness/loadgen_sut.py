@@ -8,14 +8,25 @@ Interactive, which is LoadGen's Server scenario with other limits) adds each que
 reports the first token with FirstTokenComplete the moment it is sampled, then completes the
 sample with all its tokens, beginning with that same first token. Responses are int32 token ids
 with n_tokens. A request the engine fails still completes its sample, so LoadGen never waits.
+
+Ctrl-C (SIGINT) during a test stops the engine loop after its step and raises Interrupted, with
+LoadGen's thread still running: LoadGen has no call that ends a test early, and destroying its SUT
+or QSL under a live test crashes the process, so `close` then leaves them, and the caller ends the
+process (harness/run.py).
 """
 
+import os
+import signal
 import threading
 
 import mlperf_loadgen as lg
 import numpy as np
 
 from sut import LLMEngine, WorkerError, SamplingParams
+
+
+class Interrupted(Exception):
+    """Ctrl-C during a LoadGen test: the engine loop stopped, LoadGen's thread did not."""
 
 
 class EngineLoop:
@@ -74,11 +85,15 @@ class EngineSUT:
         self.params = params
         self.stream_first_token = stream_first_token
         self.errors: list[str] = []
+        self.issued = 0  # samples LoadGen issued
         self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
         self.loop = EngineLoop(engine, self._on_finish, on_fatal)
         self.handle = lg.ConstructSUT(self.issue_queries, self.flush_queries)
 
     def issue_queries(self, query_samples) -> None:
+        with self._lock:
+            self.issued += len(query_samples)
         for sample in query_samples:
             on_token = self._first_token_reporter(sample.id) if self.stream_first_token else None
             try:
@@ -115,8 +130,16 @@ class EngineSUT:
 
     def run_test(self, qsl, settings, log_settings, audit_config: str | None = None) -> None:
         """LoadGen's StartTestWithLogSettings in a helper thread while this thread steps the engine;
-        returns when LoadGen does (it waits for every sample), re-raising what LoadGen raised."""
+        returns when LoadGen does (it waits for every sample), re-raising what LoadGen raised.
+        Ctrl-C raises Interrupted once the engine's step has ended; a second one exits at once."""
         raised: list[BaseException] = []
+        interrupted = threading.Event()
+
+        def on_sigint(signum, frame) -> None:
+            if interrupted.is_set():
+                os._exit(130)
+            interrupted.set()
+            self.loop.stop()
 
         def loadgen() -> None:
             try:
@@ -127,15 +150,28 @@ class EngineSUT:
             finally:
                 self.loop.stop()
 
-        thread = threading.Thread(target=loadgen, name="loadgen")
-        thread.start()
-        self.loop.run()
-        thread.join()
+        in_main = threading.current_thread() is threading.main_thread()  # where signal handlers can be set
+        previous = signal.signal(signal.SIGINT, on_sigint) if in_main else None
+        self._thread = threading.Thread(target=loadgen, name="loadgen", daemon=True)
+        try:
+            self._thread.start()
+            self.loop.run()
+        finally:
+            if in_main:
+                signal.signal(signal.SIGINT, previous)
+        if interrupted.is_set():
+            raise Interrupted(f"interrupted (Ctrl-C) after {self.issued} samples were issued")
+        self._thread.join()
         if raised:
             raise raised[0]
 
+    @property
+    def loadgen_running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def close(self) -> None:
-        lg.DestroySUT(self.handle)
+        if not self.loadgen_running:  # under a live test, LoadGen's objects are left for the process's end
+            lg.DestroySUT(self.handle)
 
 
 def construct_qsl(num_samples: int, performance_count: int):

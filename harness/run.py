@@ -1,5 +1,11 @@
 """One LoadGen run: a system's engine on a benchmark's dataset in one scenario and mode, logs under
-build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict."""
+build/logs/<system>/<benchmark>/<Scenario>/<mode>/, and a one-line verdict.
+
+The run owns its folder (compliance/run_folder.py): it takes it before the model loads (a second
+run aimed at it is refused), clears an earlier run's files, and marks it complete only when LoadGen
+ended, every request was answered without an error and, in accuracy mode, the log was scored. A
+run with a failed request, or one that raised or was interrupted, is marked failed and ends with a
+non-zero exit status (RunFailed; Ctrl-C: 130), so nothing downstream takes it for a result."""
 
 import datetime
 import json
@@ -15,12 +21,21 @@ from accuracy.dataset import load_cnn_eval
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance import test06
 from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log
+from compliance.run_folder import RunFolder
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
-from harness.loadgen_sut import EngineSUT, construct_qsl
+from harness.loadgen_sut import EngineSUT, Interrupted, construct_qsl
 from systems.schema import REPO
 
-
+MAX_ERRORS_SHOWN = 10
 _runs_in_this_process = 0
+
+
+class RunFailed(RuntimeError):
+    """LoadGen finished, but the run is no result (a request failed): `summary` is its verdict line."""
+
+    def __init__(self, summary: str, reason: str):
+        super().__init__(reason)
+        self.summary = summary
 
 
 def run(cfg: RunConfig) -> str:
@@ -32,7 +47,35 @@ def run(cfg: RunConfig) -> str:
         raise HarnessConfigError("one LoadGen run per process: LoadGen applies mlperf.conf only to the first "
                                  "(start another `python -m harness run`)")
     _runs_in_this_process += 1
+    folder = RunFolder(cfg.log_dir)
+    folder.open({"system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario,
+                 "mode": cfg.mode})
+    if folder.replaced:
+        print(f"harness: {cfg.log_dir} held an earlier run ({folder.replaced}); this run replaces it", flush=True)
+    try:
+        summary, failures = _load_and_run(cfg, folder)
+    except Interrupted as e:
+        folder.fail(str(e))
+        raise Interrupted(f"{e}; the run is marked failed in {cfg.log_dir}") from None
+    except KeyboardInterrupt:
+        folder.fail("interrupted (Ctrl-C) before LoadGen started")
+        raise Interrupted(f"interrupted (Ctrl-C) before LoadGen started; the run is marked failed in "
+                          f"{cfg.log_dir}") from None
+    except BaseException as e:
+        folder.fail(f"{type(e).__name__}: {e}")
+        raise
+    if failures:
+        folder.fail(failures)
+        raise RunFailed(summary, f"{failures}; the run is marked failed in {cfg.log_dir}")
+    folder.complete(summary)
+    return summary
+
+
+def _load_and_run(cfg: RunConfig, folder: RunFolder) -> tuple[str, str | None]:
+    """The run itself: (its summary line, why it failed or None)."""
     dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
+    model = cfg.system.model_for(cfg.benchmark.name)
+    check_token_ids(dataset, model)
     settings = lg.TestSettings()
     conf_scenario = "Server" if cfg.scenario == "Interactive" else cfg.scenario
     if settings.FromConfig(str(cfg.user_conf), cfg.benchmark.loadgen_name(cfg.scenario), conf_scenario):
@@ -44,15 +87,29 @@ def run(cfg: RunConfig) -> str:
     from sut import make_engine
 
     # One engine, or with data_parallel_size > 1 a pool of replica processes behind the same interface.
-    engine = make_engine(cfg.system.model_for(cfg.benchmark.name),
-                         **cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name))
+    engine = make_engine(model, **cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name))
     try:
-        return _run(cfg, engine, dataset, settings)
+        return _run(cfg, engine, dataset, settings, folder)
     finally:
         engine.close()
 
 
-def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
+def check_token_ids(dataset, model) -> None:
+    """Every prompt's token ids within the model's vocabulary, before the model loads: an id outside
+    it would fail its request in the middle of the run."""
+    import numpy as np
+
+    from sut.config import ModelConfig
+
+    vocab = ModelConfig.from_folder(model).vocab_size
+    for i, ids in enumerate(dataset.input_ids):
+        high = int(np.max(ids))
+        if high >= vocab:
+            raise HarnessConfigError(f"{dataset.path}: sample {i} has token id {high}, outside the vocabulary "
+                                     f"[0, {vocab}) of the model {model}: the dataset was tokenized for another model")
+
+
+def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: RunFolder) -> tuple[str, str | None]:
     from sut import SamplingParams
 
     # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1).
@@ -72,7 +129,6 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
                                  "error for a response of fewer than 2 tokens")
     if cfg.warmup:  # first-use compilation and packing here, not in the first queries' latency
         print(f"warm-up: {engine.warmup():.1f} s before LoadGen starts", flush=True)
-    cfg.log_dir.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
     if engine.device.type == "cpu":
         from sut import machine_description
@@ -83,7 +139,7 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
     log_settings.log_output.copy_summary_to_stdout = False
     bar = tqdm(desc=f"{cfg.scenario} {cfg.mode}", unit="sample")
     sut = EngineSUT(engine, dataset.input_ids, params, stream_first_token=cfg.scenario != "Offline",
-                    on_complete=lambda out: bar.update(1), on_fatal=lambda error: _abandon(engine, error))
+                    on_complete=lambda out: bar.update(1), on_fatal=lambda error: _abandon(engine, error, folder))
     performance_count = min(len(dataset), settings.performance_sample_count_override or len(dataset))
     qsl = construct_qsl(len(dataset), performance_count)
     # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
@@ -91,11 +147,16 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
     try:
         sut.run_test(qsl, settings, log_settings, audit_config)
     finally:
+        if not sut.loadgen_running:  # interrupted: LoadGen's test still runs, and the process ends
+            lg.DestroyQSL(qsl)
         sut.close()
-        lg.DestroyQSL(qsl)
         bar.close()
-    for error in sut.errors:
-        print(f"error: {error}")
+    for error in sut.errors[:MAX_ERRORS_SHOWN]:
+        print(f"failed request: {error}")
+    if len(sut.errors) > MAX_ERRORS_SHOWN:
+        print(f"failed request: ... and {len(sut.errors) - MAX_ERRORS_SHOWN} more")
+    failures = (f"{len(sut.errors)} of {sut.issued} requests failed (the first: {sut.errors[0]})" if sut.errors
+                else None)
     write_run_record(cfg, engine, len(dataset))
     spec = engine.spec_stats()
     speculation = ""
@@ -103,20 +164,20 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
         (cfg.log_dir / SPEC_METRICS_FILE).write_text(json.dumps(spec, indent=2) + "\n")
         speculation = (f"; speculation ({spec['description']}): acceptance {spec['acceptance_rate'] or 0:.3f}, "
                        f"mean accepted length {spec['mean_accepted_length'] or 1:.2f}")
+    errors = f"{len(sut.errors)} of {sut.issued} requests failed" if sut.errors else "no errors"
     if cfg.mode == "accuracy":
-        from transformers import AutoTokenizer
-
         from accuracy.evaluate import evaluate_summarization
 
         result = evaluate_summarization(cfg.log_dir / "mlperf_log_accuracy.json", dataset.references,
-                                        AutoTokenizer.from_pretrained(cfg.system.model_for(cfg.benchmark.name)), cfg.log_dir / "accuracy.txt")
+                                        cfg.tokenizer, cfg.log_dir / "accuracy.txt")
         reference = cfg.system.accuracy_reference
         targets = (reference_targets(json.loads(reference.read_text())["scores"]) if reference
                    else targets_for(cfg.benchmark.name))
-        failures = check_targets(targets, result)
-        verdict = "PASS" if not failures else "FAIL (" + "; ".join(failures) + ")"
+        misses = check_targets(targets, result) + ([errors] if sut.errors else [])
+        verdict = "PASS" if not misses else "FAIL (" + "; ".join(misses) + ")"
         scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
-        return f"{cfg.scenario} accuracy: {verdict}: {scores}; {len(sut.errors)} errors{speculation}; logs in {cfg.log_dir}"
+        return (f"{cfg.scenario} accuracy: {verdict}: {scores}; {errors}{speculation}; logs in {cfg.log_dir}",
+                failures)
     detail, _ = read_detail_log(cfg.log_dir / "mlperf_log_detail.txt")
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
@@ -124,8 +185,11 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings) -> str:
     latency = ""
     if ttft is not None and tpot is not None and cfg.scenario != "Offline":
         latency = f", p99 TTFT {ttft / 1e6:.0f} ms, p99 TPOT {tpot / 1e6:.1f} ms"
-    return (f"{cfg.scenario} {cfg.mode}: {validity(detail, cfg.mode)}, {tokens_per_s:.1f} tokens/s{latency}; "
-            f"{len(sut.errors)} errors{speculation}; logs in {cfg.log_dir}")
+    verdict = validity(detail, cfg.mode)
+    if sut.errors:  # LoadGen counts an error response as any other: its VALID is no result
+        verdict = f"FAILED ({errors}; LoadGen said {verdict})"
+    return (f"{cfg.scenario} {cfg.mode}: {verdict}, {tokens_per_s:.1f} tokens/s{latency}; {errors}{speculation}; "
+            f"logs in {cfg.log_dir}", failures)
 
 
 def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
@@ -155,11 +219,13 @@ def _commit() -> str:
     return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
-def _abandon(engine, error: Exception) -> None:
+def _abandon(engine, error: Exception, folder: RunFolder) -> None:
     """A replica died: what was in flight has been answered; end the run now, with the error, rather
     than answer LoadGen's remaining schedule with errors for minutes. LoadGen's thread cannot be
-    stopped, so the process exits, after stopping the other replicas (none is left behind)."""
+    stopped, so the process exits, after stopping the other replicas (none is left behind) and
+    marking the run failed."""
     print(f"\nerror: harness: {error}; the run is abandoned", file=sys.stderr, flush=True)
+    folder.fail(f"abandoned: {error}")
     engine.close()
     os._exit(3)
 

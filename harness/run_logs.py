@@ -17,6 +17,7 @@ from pathlib import Path
 
 from accuracy.accuracy_log import read_accuracy_entries
 from compliance.loadgen_logs import RUN_RECORD, read_detail_log
+from compliance.run_folder import RunFolderError, complete_run
 
 DETAIL_LOG = "mlperf_log_detail.txt"
 SAMPLE_EVENT = re.compile(r'^\{"name":"Sample","cat":"default","ph":"b",.*"ts":([0-9.]+),"args":\{"sample_seq":(\d+),'
@@ -73,11 +74,18 @@ class RunLogs:
 
 
 def read_run(folder: Path) -> RunLogs:
+    """A complete run's folder (compliance/run_folder.py): a killed, failed or changed one is refused."""
     folder = Path(folder)
     if not (folder / DETAIL_LOG).is_file():
         raise RunLogError(f"{folder}: no {DETAIL_LOG} (not a LoadGen run's folder)")
-    detail, _ = read_detail_log(folder / DETAIL_LOG)
-    record = json.loads((folder / RUN_RECORD).read_text()) if (folder / RUN_RECORD).is_file() else {}
+    try:
+        complete_run(folder, needs=(DETAIL_LOG,))
+        detail, _ = read_detail_log(folder / DETAIL_LOG)
+        record = json.loads((folder / RUN_RECORD).read_text()) if (folder / RUN_RECORD).is_file() else {}
+    except RunFolderError as e:
+        raise RunLogError(str(e)) from None
+    except ValueError as e:  # JSON: the files are hashed as the run wrote them, so this is a run's own fault
+        raise RunLogError(f"{folder}: cannot read its logs ({e})") from None
     run = RunLogs(folder, detail, record)
     if run.scenario == "Server":
         run.queries = read_queries(folder)

@@ -4,6 +4,7 @@ file fails with its path and what is wrong."""
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 class SystemConfigError(ValueError):
     pass
+
+
+# A system, benchmark, scenario, model or submitter name becomes a folder name in build/ and in the
+# submission tree: it must be a plain name, never a path ("..", "a/b", "/x").
+PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+
+
+def check_name(value, what: str) -> str:
+    """`value` if it is a plain name (PLAIN_NAME, not "." or ".."), else SystemConfigError."""
+    if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or value in (".", ".."):
+        raise SystemConfigError(f"{what} {value!r} is not a plain name (letters, digits, '.', '_', '+', '-', "
+                                "starting with a letter or digit): names become folder names, never paths")
+    return value
 
 
 @dataclass
@@ -38,6 +52,7 @@ class System:
     @staticmethod
     def load(name: str, root: Path = REPO) -> "System":
         """`root/systems/<name>.json`; `root` is the repository except in tests."""
+        check_name(name, "system name")
         path = root / "systems" / f"{name}.json"
         if not path.is_file():
             known = sorted(p.stem for p in (root / "systems").glob("*.json"))
@@ -57,6 +72,14 @@ class System:
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' (or 'models') and 'datasets' "
                                     f"({e!r})") from e
+        for benchmark in system.datasets:
+            check_name(benchmark, f"{path}: saaf_harness.datasets: benchmark name")
+        if system.model_name is not None:
+            check_name(system.model_name, f"{path}: saaf_harness.model_name")
+        if "submitter" in raw:
+            check_name(raw["submitter"], f"{path}: submitter")
+        if system.division not in ("closed", "open"):
+            raise SystemConfigError(f"{path}: division {system.division!r} is not 'closed' or 'open'")
         without = sorted(set(system.datasets) - set(system.models))
         if without:
             raise SystemConfigError(f"{path}: saaf_harness.models names no model folder for benchmarks {without}")

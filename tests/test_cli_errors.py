@@ -3,6 +3,7 @@ status and no traceback: an unknown system, a bad engine setting in a system fil
 tree or run logs, a missing model folder."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -56,7 +57,12 @@ def test_submission_unknown_system():
     assert_one_error_line(run_cli("compliance.submission", "--system", "nope"), "unknown system 'nope'")
 
 
-def test_submission_names_the_failed_run_and_its_error(root):
+def test_submission_names_the_failed_run_and_its_error(root, smollm2_dir):
+    # What the chain checks before its first run is there: the dataset and the model's tokenizer.
+    (root / "d.json").write_text(json.dumps([{"tok_input": [1, 2, 3], "output": "a summary"}]))
+    (root / "model").mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(smollm2_dir / name, root / "model" / name)
     done = run_cli("compliance.submission", "--system", "t", "--root", root, "--out", root / "submission")
     assert_one_error_line(done, "harness run --system t --benchmark llama3.1-8b --scenario Offline --mode performance",
                           "failed", *BAD_ENGINE)
@@ -72,7 +78,7 @@ def test_package_without_runs(root):
     system["saaf_harness"]["engine"] = {}
     (root / "systems" / "t.json").write_text(json.dumps(system))
     done = run_cli("compliance.package", "--system", "t", "--root", root, "--out", root / "submission")
-    assert_one_error_line(done, "measurements/t/llama3.1-8b/Offline/measurements.json is missing")
+    assert_one_error_line(done, "measurements/t/llama3.1-8b/Offline/measurements.json is missing: the system")
 
 
 def test_check_missing_tree(tmp_path):

@@ -13,6 +13,7 @@ import pytest
 
 from accuracy.report import summarization_accuracy
 from compliance.loadgen_logs import MLLOG_MARKER
+from compliance.run_folder import STATUS_FILE, RunFolder
 from harness.report import build, cost_per_million, goodput
 from harness.run_logs import RunLogError, loadgen_percentile, read_run
 from systems.benchmarks import BENCHMARKS
@@ -36,8 +37,11 @@ def mllog(key, value):
     return MLLOG_MARKER + " " + json.dumps({"key": key, "value": value, "metadata": {"is_error": False}})
 
 
-def write_hand_run(folder, queries=HAND_QUERIES, busy=(1.0, 3.0)):
-    folder.mkdir(parents=True)
+def write_hand_run(folder, queries=HAND_QUERIES, busy=(1.0, 3.0), edit=None):
+    """A Server run's folder written by hand through the harness's writer, marked complete after
+    `edit(folder)`."""
+    writer = RunFolder(folder)
+    writer.open({"scenario": "Server"})
     detail = [mllog("effective_scenario", "Server"), mllog("result_query_count", len(queries)),
               mllog("result_completed_samples_per_sec", 0.5), mllog("result_completed_tokens_per_second", 3.1)]
     for p in ("50.00", "99.00"):
@@ -57,6 +61,9 @@ def write_hand_run(folder, queries=HAND_QUERIES, busy=(1.0, 3.0)):
     (folder / "mlperf_log_trace.json").write_text("\n".join(trace) + "\n")
     (folder / "mlperf_log_accuracy.json").write_text(json.dumps(accuracy))
     (folder / "run.json").write_text(json.dumps({"busy_s": {"prefill_s": busy[0], "decode_s": busy[1]}}))
+    if edit is not None:
+        edit(folder)
+    writer.complete("hand-made")
     return folder
 
 
@@ -85,11 +92,29 @@ def test_cost_per_million_tokens_follows_the_stated_formula(tmp_path):
 
 
 def test_a_trace_missing_a_first_token_is_refused_by_name(tmp_path):
-    folder = write_hand_run(tmp_path / "run")
-    trace = folder / "mlperf_log_trace.json"
-    trace.write_text("\n".join(line for line in trace.read_text().splitlines() if '"ts":1000.500,' not in line
-                               or "Sample" in line) + "\n")
+    def drop_a_first_token(folder):
+        trace = folder / "mlperf_log_trace.json"
+        trace.write_text("\n".join(line for line in trace.read_text().splitlines() if '"ts":1000.500,' not in line
+                                   or "Sample" in line) + "\n")
+
+    folder = write_hand_run(tmp_path / "run", edit=drop_a_first_token)
     with pytest.raises(RunLogError, match="1 queries have no first-token event"):
+        read_run(folder)
+
+
+@pytest.mark.parametrize("state", ["killed", "failed", "changed"])
+def test_a_run_that_did_not_complete_is_refused_by_name(tmp_path, state):
+    folder = write_hand_run(tmp_path / "run")
+    status = json.loads((folder / STATUS_FILE).read_text())
+    if state == "changed":
+        (folder / "mlperf_log_accuracy.json").write_text("[]")
+        expected = "mlperf_log_accuracy.json: changed since its run completed"
+    else:
+        status.update({"killed": {"status": "running"}, "failed": {"status": "failed", "reason": "boom"}}[state])
+        (folder / STATUS_FILE).write_text(json.dumps(status))
+        expected = {"killed": "holds no complete run: its run .* never finished: it was killed or crashed",
+                    "failed": "holds no complete run: its run failed: boom"}[state]
+    with pytest.raises(RunLogError, match=expected):
         read_run(folder)
 
 

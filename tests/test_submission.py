@@ -18,6 +18,7 @@ import pytest
 from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
+from compliance.run_folder import STATUS_FILE, sha256_of
 from systems.schema import REPO
 from tests.conftest import process_alive, tiny_model_and_dataset
 
@@ -105,6 +106,14 @@ def test_good_tree_passes_the_checker(chain):
     assert re.search(r"^hash=[0-9a-f]{64}$", (scenario / "accuracy" / "accuracy.txt").read_text(), re.MULTILINE)
     assert "saaf_harness" not in json.loads((org / "systems" / "tiny.json").read_text())
     assert "python -m harness run --system tiny --benchmark llama3.1-8b" in (org / "src/tiny-llama/README.md").read_text()
+
+
+def reseal(folder):
+    """The run folder's status file with its files' hashes as they are now: a planted change that the
+    run-folder check (compliance/run_folder.py) would otherwise refuse."""
+    status = json.loads((folder / STATUS_FILE).read_text())
+    status["files"] = {name: sha256_of(folder / name) for name in status["files"]}
+    (folder / STATUS_FILE).write_text(json.dumps(status))
 
 
 def _set_detail_value(path, key, value):
@@ -333,6 +342,7 @@ def test_packaging_takes_the_runs_user_conf_and_notes_a_left_out_scenario(chain,
     run_conf = (logs / "Server/performance/user.conf").read_text()
     assert run_conf == USER_CONF  # harness run keeps a copy of what it was given
     (logs / "Server/performance/user.conf").write_text(run_conf.replace("target_qps = 100", "target_qps = 77.5"))
+    reseal(logs / "Server/performance")  # as if the run had been given that user.conf
     (logs / "Server/calibration").mkdir()
     (logs / "Server/calibration/calibration.json").write_text(json.dumps(
         {"target_qps": 77.5, "summary": "Server: target_qps 77.500 (measured)"}))

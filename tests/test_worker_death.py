@@ -1,7 +1,7 @@
 """A data-parallel replica or a tensor-parallel rank killed in the middle of a LoadGen run: the
 harness (harness/loadgen_sut.py's loop, harness/run.py's `_abandon`) answers every sample LoadGen
-issued exactly once, says which process died, exits with status 3 within seconds, and leaves no
-process behind. Each run is its own Python process, since `_abandon` ends the process.
+issued exactly once, says which process died, marks the run's folder failed, exits with status 3
+within seconds, and leaves no process behind. Each run is its own Python process, since `_abandon` ends the process.
 (tests/test_submission.py kills a replica of a `python -m harness run` from outside; this test
 counts the samples and covers a tensor-parallel rank too.)"""
 
@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from compliance.run_folder import STATUS_FILE
 from tests.conftest import process_alive
 from tests.test_triton_kernels import REPO
 
@@ -20,11 +21,14 @@ import json, os, signal, sys, threading, time
 import mlperf_loadgen as lg
 import harness.loadgen_sut as loadgen_sut
 from harness.loadgen_sut import EngineSUT, construct_qsl
+from compliance.run_folder import RunFolder
 from harness.run import _abandon
 from sut import LLMEngine, ReplicaPool, SamplingParams
 from tests.conftest import random_prompts
 
 model, kind, out = sys.argv[1:]
+folder = RunFolder(os.path.join(os.path.dirname(out), "run"))
+folder.open({})
 settings = dict(num_kv_blocks=256, max_num_seqs=4, device="cpu")  # 4 at a time: a run of many steps
 engine = ReplicaPool(model, 2, **settings) if kind == "replica" else LLMEngine(model, tensor_parallel_size=2, **settings)
 victim = engine._procs[1] if kind == "replica" else engine.ranks[0]
@@ -41,7 +45,7 @@ def fatal(error):
     with open(out, "w") as f:
         json.dump({"issued": issued, "answered": answered, "children": children, "victim": victim.pid,
                    "seconds_after_kill": time.monotonic() - killed[0]}, f)
-    _abandon(engine, error)
+    _abandon(engine, error, folder)
 
 issue = EngineSUT.issue_queries
 def issue_counted(self, samples):
@@ -82,6 +86,8 @@ def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_an
     record = json.loads(out.read_text())
     assert f"error: harness: {name} (pid {record['victim']}" in done.stderr and "the run is abandoned" in done.stderr
     assert record["seconds_after_kill"] < 10
+    status = json.loads((tmp_path / "run" / STATUS_FILE).read_text())
+    assert status["status"] == "failed" and name in status["reason"], status  # no reader takes it for a result
     assert sorted(record["answered"]) == sorted(record["issued"]) and len(record["issued"]) == 64, \
         "a sample lost or answered twice"
     deadline = time.monotonic() + 10
