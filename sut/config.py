@@ -1,6 +1,9 @@
 """Model configuration read from a Hugging Face config.json, and the engine's settings."""
 
 import json
+import math
+import re
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -168,40 +171,61 @@ class EngineConfig:
         return config
 
     def validate(self) -> None:
-        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size", "data_parallel_size",
-                     "tensor_parallel_size"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"engine setting {name} must be a positive integer, got {value!r}")
-        for name in ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
-                raise ConfigError(f"engine setting {name} must be a positive number or None, got {value!r}")
+        """Every setting's type and range, then what settings ask of each other: before anything loads."""
+        for f in fields(self):
+            kind, optional = _kind_of(f.type)
+            value = getattr(self, f.name)
+            if kind not in KIND_WORDS or (optional and value is None):
+                continue  # cpu and speculative_config: checked by their own classes (from_kwargs)
+            what, test = RANGES.get(f.name, (KIND_WORDS[kind], None))
+            if not _is_kind(value, kind) or (test is not None and not test(value)):
+                raise ConfigError(f"engine setting {f.name} must be {what}{' or None' if optional else ''}, "
+                                  f"got {value!r}")
         if (self.tpot_cap_ms is None) != (self.ttft_patience_ms is None):
             raise ConfigError("engine settings tpot_cap_ms and ttft_patience_ms go together: set both or neither")
         if self.tpot_cap_ms is not None and (self.tpot_target_ms is None or self.tpot_cap_ms < self.tpot_target_ms):
             raise ConfigError(f"engine setting tpot_cap_ms ({self.tpot_cap_ms!r}) needs a tpot_target_ms at most as large, "
                               f"got {self.tpot_target_ms!r}")
-        for name in ("max_model_len", "num_kv_blocks"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"engine setting {name} must be a positive integer or None, got {value!r}")
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ConfigError(f"engine setting dtype must be 'auto' or one of {list(DTYPES)}, got {self.dtype!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not str(self.device).startswith("cuda:"):
-            raise ConfigError(f"engine setting device must be 'auto', 'cpu' or 'cuda[:N]', got {self.device!r}")
-        if self.kernels not in ("auto", "triton", "torch"):
-            raise ConfigError(f"engine setting kernels must be 'auto', 'triton' or 'torch', got {self.kernels!r}")
-        for name in ("cuda_graphs", "enable_chunked_prefill", "static_batching"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(f"engine setting {name} must be true or false, got {getattr(self, name)!r}")
         if self.static_batching and self.speculative_config is not None:
             raise ConfigError("engine settings static_batching and speculative_config do not go together")
-        if self.kv_cache_memory_gb is not None and not self.kv_cache_memory_gb > 0:
-            raise ConfigError(f"engine setting kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         if self.speculative_config is not None:
             self.speculative_config.check_fits(self.max_model_len or 2**31, self.max_num_batched_tokens)
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise ConfigError(f"engine setting gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}")
+
+
+# What each setting's annotation says it is, in words; `float` means a finite real number (an int
+# will do: JSON and YAML write 4.0 as 4), and no kind but bool takes a bool (True is an int to Python).
+KIND_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
+
+
+# Settings whose values are narrower than their kind: (what the error says they must be, the test).
+RANGES = {
+    **dict.fromkeys(("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_kv_blocks",
+                     "data_parallel_size", "tensor_parallel_size"), ("a positive integer", lambda v: v >= 1)),
+    **dict.fromkeys(("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms", "kv_cache_memory_gb"),
+                    ("a positive finite number", lambda v: v > 0)),
+    "gpu_memory_utilization": ("a number in (0, 1]", lambda v: 0 < v <= 1),
+    "seed": ("an integer in [0, 2**63)", lambda v: 0 <= v < 2**63),
+    "dtype": (f"'auto' or one of {list(DTYPES)}", lambda v: v == "auto" or v in DTYPES),
+    "device": ("'auto', 'cpu', 'cuda' or 'cuda:N'", lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None),
+    "kernels": ("'auto', 'triton' or 'torch'", lambda v: v in ("auto", "triton", "torch")),
+}
+
+
+def _kind_of(annotation) -> tuple[type, bool]:
+    """A setting's kind from its annotation, and whether it may be None: `float | None` -> (float, True)."""
+    args = typing.get_args(annotation)
+    if not args:
+        return annotation, False
+    return next(a for a in args if a is not type(None)), type(None) in args
+
+
+def _is_kind(value, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    return isinstance(value, kind)

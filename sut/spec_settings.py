@@ -26,8 +26,10 @@ class SpeculativeConfig:
 
     @staticmethod
     def from_value(value) -> "SpeculativeConfig | None":
-        if value is None or isinstance(value, SpeculativeConfig):
-            return value
+        if value is None:
+            return None
+        if isinstance(value, SpeculativeConfig):  # checked as the dict of what it sets
+            value = {f.name: getattr(value, f.name) for f in fields(value) if getattr(value, f.name) != f.default}
         known = [f.name for f in fields(SpeculativeConfig)]
         if not isinstance(value, dict):
             raise ConfigError(f"engine setting speculative_config must be an object with keys {known} or null, "
@@ -59,8 +61,8 @@ class SpeculativeConfig:
                                   f"is above prompt_lookup_max={config.prompt_lookup_max}")
             return config
         if not isinstance(value.get("model"), str) or not value["model"]:
-            raise ConfigError("engine setting speculative_config.model (the draft model's folder) is required for "
-                              f"method 'draft_model', got {value.get('model')!r}")
+            raise ConfigError("engine setting speculative_config.model must be a non-empty string (the draft model's "
+                              f"folder) for method 'draft_model', got {value.get('model')!r}")
         extra = sorted({"prompt_lookup_min", "prompt_lookup_max"} & set(value))
         if extra:
             raise ConfigError(f"engine setting speculative_config.{extra[0]} is for method 'ngram', not 'draft_model'")

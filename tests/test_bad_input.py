@@ -143,13 +143,13 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
     with pytest.raises(ConfigError, match="cannot hold one sequence"):
         LLM(tiny_llama[0], num_kv_blocks=2, block_size=4)
     for bad in (0, -5, "88", True):
-        with pytest.raises(ConfigError, match="tpot_target_ms must be a positive number"):
+        with pytest.raises(ConfigError, match="tpot_target_ms must be a positive finite number"):
             LLM(tiny_llama[0], tpot_target_ms=bad)
     with pytest.raises(ConfigError, match="tpot_cap_ms and ttft_patience_ms go together"):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=96)
     with pytest.raises(ConfigError, match=r"tpot_cap_ms \(80\) needs a tpot_target_ms at most as large, got 88"):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=80, ttft_patience_ms=500)
-    with pytest.raises(ConfigError, match="ttft_patience_ms must be a positive number"):
+    with pytest.raises(ConfigError, match="ttft_patience_ms must be a positive finite number"):
         LLM(tiny_llama[0], tpot_target_ms=88, tpot_cap_ms=96, ttft_patience_ms=-1)
     with pytest.raises(ConfigError, match="cpu.quantized_weights must be true or false, got 'yes'"):
         LLM(tiny_llama[0], cpu={"quantized_weights": "yes"})

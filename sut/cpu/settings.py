@@ -2,7 +2,7 @@
 `LLM(folder, cpu={"int16_activations": True})` or `"engine": {"cpu": {"int16_activations": true}}`
 in a system file. They act only on a CPU device in fp32; elsewhere they are checked and ignored."""
 
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 from sut.errors import ConfigError
 
@@ -19,9 +19,9 @@ class CpuSettings:
 
     @staticmethod
     def from_value(value) -> "CpuSettings":
-        """From the engine setting `cpu`: a dict of these settings (or a CpuSettings)."""
+        """From the engine setting `cpu`: a dict of these settings (or a CpuSettings, checked the same way)."""
         if isinstance(value, CpuSettings):
-            return value
+            value = asdict(value)
         known = [f.name for f in fields(CpuSettings)]
         if not isinstance(value, dict):
             raise ConfigError(f"engine setting cpu must be an object with the settings {known}, got {value!r}")

@@ -1,0 +1,99 @@
+"""Every engine setting and every request field is checked for its type and range before anything
+runs: a wrong one is an error naming it, what it must be and what it was, never a setting taken the
+wrong way ("false" as true), a traceback after the model has loaded, or a request that fails mid-step."""
+
+import math
+from dataclasses import fields
+
+import pytest
+
+from sut import LLM, ConfigError, InvalidRequestError, LLMEngine, SamplingParams
+from sut.config import KIND_WORDS, EngineConfig, _kind_of
+from sut.cpu.settings import CpuSettings
+from sut.spec_settings import SpeculativeConfig
+from tests.conftest import random_prompts
+
+NAN, INF = float("nan"), float("inf")
+
+BAD_SETTINGS = [
+    ("enable_prefix_caching", "false", "true or false"),  # a string is not off: MLPerf forbids the reuse
+    ("enable_chunked_prefill", 0, "true or false"),
+    ("static_batching", "no", "true or false"),
+    ("cuda_graphs", 1, "true or false"),
+    ("max_num_seqs", True, "a positive integer"),
+    ("max_num_batched_tokens", 2048.0, "a positive integer"),
+    ("block_size", "16", "a positive integer"),
+    ("max_model_len", 0, "a positive integer or None"),
+    ("num_kv_blocks", False, "a positive integer or None"),
+    ("tensor_parallel_size", 2.0, "a positive integer"),
+    ("data_parallel_size", True, "a positive integer"),
+    ("tpot_target_ms", NAN, "a positive finite number or None"),
+    ("tpot_target_ms", INF, "a positive finite number or None"),
+    ("tpot_cap_ms", NAN, "a positive finite number or None"),
+    ("ttft_patience_ms", INF, "a positive finite number or None"),
+    ("kv_cache_memory_gb", "4", "a positive finite number or None"),
+    ("kv_cache_memory_gb", INF, "a positive finite number or None"),
+    ("kv_cache_memory_gb", -1, "a positive finite number or None"),
+    ("gpu_memory_utilization", "0.9", "a number in (0, 1]"),
+    ("gpu_memory_utilization", NAN, "a number in (0, 1]"),
+    ("gpu_memory_utilization", 1.5, "a number in (0, 1]"),
+    ("gpu_memory_utilization", True, "a number in (0, 1]"),
+    ("seed", -1, "an integer in [0, 2**63)"),
+    ("seed", 2**63, "an integer in [0, 2**63)"),
+    ("seed", "7", "an integer in [0, 2**63)"),
+    ("seed", 1.0, "an integer in [0, 2**63)"),
+    ("seed", None, "an integer in [0, 2**63)"),
+    ("dtype", 16, "'auto' or one of ['float32', 'float16', 'bfloat16']"),
+    ("dtype", "fp8", "'auto' or one of ['float32', 'float16', 'bfloat16']"),
+    ("device", 0, "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("device", "cuda:x", "'auto', 'cpu', 'cuda' or 'cuda:N'"),
+    ("kernels", None, "'auto', 'triton' or 'torch'"),
+]
+
+
+@pytest.mark.parametrize("name, value, must", BAD_SETTINGS, ids=[f"{n}={v!r}" for n, v, _ in BAD_SETTINGS])
+def test_a_bad_setting_is_refused_by_name(name, value, must):
+    with pytest.raises(ConfigError) as refused:
+        EngineConfig.from_kwargs(**{name: value})
+    assert str(refused.value) == f"engine setting {name} must be {must}, got {value!r}"
+
+
+def test_settings_are_refused_before_anything_loads(tmp_path):
+    """The settings come first: a bad one is named even where the model folder does not exist."""
+    with pytest.raises(ConfigError, match=r"engine setting seed must be an integer in \[0, 2\*\*63\), got -1"):
+        LLM(tmp_path / "nowhere", seed=-1)
+    with pytest.raises(ConfigError, match="engine setting enable_prefix_caching must be true or false, got 'false'"):
+        LLM(tmp_path / "nowhere", enable_prefix_caching="false", data_parallel_size=2)
+
+
+def test_good_values_of_each_kind_are_taken():
+    config = EngineConfig.from_kwargs(kv_cache_memory_gb=4, gpu_memory_utilization=1, tpot_target_ms=50,
+                                      tpot_cap_ms=80.5, ttft_patience_ms=1000, seed=2**63 - 1, device="cuda:3",
+                                      dtype="bfloat16", enable_prefix_caching=False, max_model_len=None)
+    assert config.kv_cache_memory_gb == 4 and config.seed == 2**63 - 1 and config.device == "cuda:3"
+
+
+def test_every_setting_has_a_kind_the_check_knows():
+    """A new setting is checked as soon as it is declared: its annotation names its kind."""
+    for f in fields(EngineConfig):
+        kind, _ = _kind_of(f.type)
+        assert kind in KIND_WORDS or kind in (CpuSettings, SpeculativeConfig), f"{f.name}: {f.type}"
+
+
+@pytest.mark.parametrize("value, message", [
+    ({"method": "draft_model", "model": "", "num_speculative_tokens": 2},
+     "speculative_config.model must be a non-empty string (the draft model's folder) for method 'draft_model', got ''"),
+    ({"method": "draft_model", "model": 5, "num_speculative_tokens": 2}, "speculative_config.model must be a non-empty"),
+    ({"method": "ngram", "num_speculative_tokens": True}, "speculative_config.num_speculative_tokens must be an integer"),
+    (SpeculativeConfig("ngram", 2, adaptive="yes"), "speculative_config.adaptive must be true or false, got 'yes'"),
+    (SpeculativeConfig("ngram", 2.0), "speculative_config.num_speculative_tokens must be an integer >= 1, got 2.0"),
+])
+def test_speculative_config_fields_are_typed(value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        EngineConfig.from_kwargs(speculative_config=value)
+
+
+def test_cpu_settings_given_as_an_object_are_checked_too():
+    with pytest.raises(ConfigError, match="engine setting cpu.quantized_weights must be true or false, got 'false'"):
+        EngineConfig.from_kwargs(cpu=CpuSettings(quantized_weights="false"))
+    assert EngineConfig.from_kwargs(cpu=CpuSettings(int16_activations=True)).cpu.int16_activations
