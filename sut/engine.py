@@ -255,9 +255,10 @@ class LLMEngine:
     def fail_all(self, error: str) -> list[RequestOutput]:
         """Finish every unfinished request with `error` (after a step raised): callers get an
         answer for each instead of waiting forever, and the engine is empty and usable again."""
-        finished: list[Sequence] = []
         with self._lock:
             inbox, self._inbox = self._inbox, []
+            # Those that finished (or were aborted) in the step that raised, before it returned them.
+            finished = [seq for seq in self._live.values() if seq.is_finished]
         for kind, item in inbox:  # queued requests join the scheduler's waiting list, then fail with it
             if kind == "add":
                 self.scheduler.add(item)
@@ -337,9 +338,15 @@ def build_runner(model_path: str, settings: dict, device: torch.device, shard: S
 
 def make_sequence(prompt: str | list[int], params: SamplingParams | None, request_id, on_token, tokenizer,
                   vocab_size: int, max_model_len: int) -> Sequence:
-    """A request's sequence, after checking its prompt (text needs `tokenizer`) and clamping
-    max_tokens to what max_model_len leaves: InvalidRequestError naming what is wrong."""
-    params = params or SamplingParams()
+    """A request's sequence, after checking its prompt (text needs `tokenizer`) and its stop tokens
+    against the vocabulary, and clamping max_tokens to what max_model_len leaves: InvalidRequestError
+    naming what is wrong."""
+    params = SamplingParams() if params is None else params
+    if not isinstance(params, SamplingParams):
+        raise InvalidRequestError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+    for t in params.stop_token_ids:  # the sampler masks them by index while min_tokens holds
+        if t >= vocab_size:
+            raise InvalidRequestError(f"stop token id {t} is outside the vocabulary [0, {vocab_size})")
     if isinstance(prompt, str):
         if tokenizer is None:
             raise InvalidRequestError("a text prompt needs a tokenizer, and the model folder has none")

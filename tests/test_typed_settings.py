@@ -97,3 +97,65 @@ def test_cpu_settings_given_as_an_object_are_checked_too():
     with pytest.raises(ConfigError, match="engine setting cpu.quantized_weights must be true or false, got 'false'"):
         EngineConfig.from_kwargs(cpu=CpuSettings(quantized_weights="false"))
     assert EngineConfig.from_kwargs(cpu=CpuSettings(int16_activations=True)).cpu.int16_activations
+
+
+BAD_REQUESTS = [
+    ("temperature", "hot", "a finite number >= 0 (0: greedy)"),
+    ("temperature", INF, "a finite number >= 0 (0: greedy)"),
+    ("temperature", NAN, "a finite number >= 0 (0: greedy)"),
+    ("temperature", True, "a finite number >= 0 (0: greedy)"),
+    ("top_p", NAN, "a number in (0, 1] (1: off)"),
+    ("top_p", "0.9", "a number in (0, 1] (1: off)"),
+    ("top_k", 1.5, "an integer >= 0 (0: off)"),
+    ("top_k", True, "an integer >= 0 (0: off)"),
+    ("max_tokens", 8.0, "an integer >= 1"),
+    ("max_tokens", True, "an integer >= 1"),
+    ("min_tokens", "1", "an integer in [0, max_tokens=16]"),
+    ("min_tokens", True, "an integer in [0, max_tokens=16]"),
+    ("seed", "x", "None or an integer in [0, 2**63)"),
+    ("seed", -1, "None or an integer in [0, 2**63)"),
+    ("seed", 2**63, "None or an integer in [0, 2**63)"),
+    ("seed", 3.0, "None or an integer in [0, 2**63)"),
+    ("ignore_eos", 1, "true or false"),
+    ("ignore_eos", "false", "true or false"),
+    ("stop_token_ids", 5, "a list of token ids"),
+    ("stop_token_ids", "5", "a list of token ids"),
+]
+
+
+@pytest.mark.parametrize("name, value, must", BAD_REQUESTS, ids=[f"{n}={v!r}" for n, v, _ in BAD_REQUESTS])
+def test_a_bad_sampling_param_is_refused_by_name(name, value, must):
+    with pytest.raises(InvalidRequestError) as refused:
+        SamplingParams(**{name: value})
+    assert str(refused.value) == f"{name} must be {must}, got {value!r}"
+
+
+@pytest.mark.parametrize("bad", [-1, True, 2.0, "7", None])
+def test_a_bad_stop_token_id_is_refused_by_position(bad):
+    with pytest.raises(InvalidRequestError) as refused:
+        SamplingParams(stop_token_ids=[7, bad])
+    assert str(refused.value) == f"stop_token_ids[1] must be a token id (an integer >= 0), got {bad!r}"
+
+
+def test_good_sampling_params_of_each_kind_are_taken():
+    import numpy as np
+
+    params = SamplingParams(temperature=1, top_p=0.5, seed=2**63 - 1, stop_token_ids=[np.int64(5), 9])
+    assert params.stop_token_ids == (5, 9) and all(type(t) is int for t in params.stop_token_ids)
+    assert SamplingParams(stop_token_ids=(3,)).stop_token_ids == (3,)
+    assert not math.isnan(params.temperature)
+
+
+def test_stop_token_ids_are_checked_against_the_vocabulary(tiny_llama):
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=64)
+    with pytest.raises(InvalidRequestError, match=r"stop token id 256 is outside the vocabulary \[0, 256\)"):
+        engine.add_request([5, 6], SamplingParams(stop_token_ids=[3, 256], min_tokens=2))
+    with pytest.raises(InvalidRequestError, match="sampling params must be a SamplingParams, got dict"):
+        engine.add_request([5, 6], {"max_tokens": 3})
+    assert not engine.has_unfinished()
+    rid = engine.add_request(random_prompts([5])[0], SamplingParams(stop_token_ids=[255], min_tokens=2, max_tokens=3))
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert [o.request_id for o in outputs] == [rid]
+    assert outputs[0].finish_reason in ("stop", "length") and len(outputs[0].token_ids) >= 2
