@@ -4,6 +4,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from sut.engine import RequestOutput
+from sut.errors import InvalidRequestError, WorkerError
 from sut.replicas import make_engine
 from sut.sampling_params import SamplingParams
 
@@ -16,14 +17,22 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Generate for a prompt or a list of prompts (text or token ids); outputs in input order.
-        Every request is validated before any runs, so a bad one fails the call up front."""
+        Every request is validated before any runs, so a bad one fails the call up front (an
+        InvalidRequestError naming its index). A step that raises (other than a dead worker, which
+        is fatal) gives the requests in flight error outputs and leaves the engine empty and usable,
+        so one poisoned request cannot break the calls after it."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not isinstance(sampling_params, list):
             sampling_params = [sampling_params or SamplingParams()] * len(prompts)
         if len(sampling_params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(sampling_params)} sampling params")
-        seqs = [self.engine.make_sequence(p, sp) for p, sp in zip(prompts, sampling_params)]
+        seqs = []
+        for i, (prompt, params) in enumerate(zip(prompts, sampling_params)):
+            try:
+                seqs.append(self.engine.make_sequence(prompt, params))
+            except InvalidRequestError as e:
+                raise InvalidRequestError(f"prompt {i} of {len(prompts)}: {e}") from None
         self.engine.submit(seqs)
         order = {seq.request_id: i for i, seq in enumerate(seqs)}
         results: list[RequestOutput | None] = [None] * len(seqs)
@@ -32,7 +41,13 @@ class LLM:
 
         with tqdm(total=len(seqs), desc="generate") if use_tqdm else nullcontext() as bar:
             while any(r is None for r in results):
-                for out in self.engine.step():
+                try:
+                    outputs = self.engine.step()
+                except WorkerError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - answered in the outputs, and the engine goes on
+                    outputs = self.engine.fail_all(f"engine step failed: {e!r}")
+                for out in outputs:
                     if out.request_id in order:
                         results[order[out.request_id]] = out
                         if bar is not None:

@@ -11,6 +11,7 @@ import pytest
 
 from sut import (LLM, CheckpointError, ConfigError, InvalidRequestError, LLMEngine, SamplingParams,
                  UnsupportedModelError)
+from sut.errors import WorkerError
 from tests.conftest import random_prompts
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,9 +60,9 @@ def test_max_tokens_below_one(max_tokens):
 
 
 def test_bad_sampling_values():
-    with pytest.raises(InvalidRequestError, match="top_p must be in"):
+    with pytest.raises(InvalidRequestError, match=r"top_p must be a number in \(0, 1\] \(1: off\), got 0"):
         SamplingParams(top_p=0)
-    with pytest.raises(InvalidRequestError, match="temperature must be >= 0"):
+    with pytest.raises(InvalidRequestError, match=r"temperature must be a finite number >= 0 \(0: greedy\), got -1"):
         SamplingParams(temperature=-1)
 
 
@@ -168,9 +169,76 @@ def test_unknown_or_bad_engine_setting(tiny_llama):
 
 def test_generate_validates_everything_before_running(tiny_llama):
     llm = LLM(tiny_llama[0], num_kv_blocks=64)
-    with pytest.raises(InvalidRequestError, match="prompt is empty"):
+    with pytest.raises(InvalidRequestError, match="prompt 1 of 2: prompt is empty"):
         llm.generate([[5, 6], []])
     assert not llm.engine.has_unfinished()
+
+
+def test_a_stop_token_outside_the_vocabulary_is_refused_up_front(tiny_llama):
+    """It used to pass validation and then raise IndexError inside a step (the sampler masks stop
+    tokens by index under min_tokens), and every later generate() on that LLM raised it again."""
+    llm = LLM(tiny_llama[0], num_kv_blocks=64)
+    prompts = random_prompts([6, 9])
+    poison = SamplingParams(stop_token_ids=[10**6], min_tokens=2)
+    with pytest.raises(InvalidRequestError, match=r"prompt 1 of 2: stop token id 1000000 is outside the vocabulary"):
+        llm.generate(prompts, [SamplingParams(), poison])
+    assert not llm.engine.has_unfinished()
+    fresh = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts, SamplingParams(max_tokens=8))
+    assert [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=8))] == [o.token_ids for o in fresh]
+
+
+def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
+    """A fault inside a step gives the requests in flight error outputs (one that finished before it
+    keeps its own), in input order; the next call on the same LLM is answered as a fresh one's."""
+    import sut.engine
+
+    llm = LLM(tiny_llama[0], num_kv_blocks=64)
+    prompts = random_prompts([6, 13, 4])
+    params = [SamplingParams(max_tokens=10, ignore_eos=True), SamplingParams(max_tokens=2, ignore_eos=True),
+              SamplingParams(max_tokens=10, ignore_eos=True)]
+    sample, calls = sut.engine.sample, []
+
+    def sample_failing_at_the_fourth(*args):
+        calls.append(1)
+        if len(calls) == 4:  # the short request has finished; the others hold KV blocks mid-decode
+            raise RuntimeError("injected fault")
+        return sample(*args)
+
+    monkeypatch.setattr(sut.engine, "sample", sample_failing_at_the_fourth)
+    outputs = llm.generate(prompts, params)
+    assert [o.finish_reason for o in outputs] == ["error", "length", "error"]
+    assert outputs[0].error == "engine step failed: RuntimeError('injected fault')" == outputs[2].error
+    assert len(outputs[1].token_ids) == 2
+    assert not llm.engine.has_unfinished() and llm.engine.block_manager.num_free_blocks == 64
+    monkeypatch.setattr(sut.engine, "sample", sample)
+    fresh = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts, params)
+    again = llm.generate(prompts, params)
+    assert [o.token_ids for o in again] == [o.token_ids for o in fresh]
+    assert all(o.finish_reason == "length" for o in again)
+
+
+def test_a_fault_in_execute_fails_the_call_and_a_dead_worker_stays_fatal(tiny_llama, monkeypatch):
+    llm = LLM(tiny_llama[0], num_kv_blocks=64)
+    prompt = random_prompts([7])[0]
+    execute = llm.engine.runner.execute
+
+    def explode(step):
+        raise RuntimeError("device fault")
+
+    monkeypatch.setattr(llm.engine.runner, "execute", explode)
+    [out] = llm.generate(prompt, SamplingParams(max_tokens=5))
+    assert out.finish_reason == "error" and "RuntimeError('device fault')" in out.error
+
+    def die(step):
+        raise WorkerError("tensor-parallel rank 1 (pid 1) died (exit code -9)")
+
+    monkeypatch.setattr(llm.engine.runner, "execute", die)
+    with pytest.raises(WorkerError, match="rank 1"):
+        llm.generate(prompt, SamplingParams(max_tokens=5))
+    monkeypatch.setattr(llm.engine.runner, "execute", execute)
+    llm.engine.fail_all("stopped")  # what the caller of a fatal error does before it goes on
+    [out] = llm.generate(prompt, SamplingParams(max_tokens=5, ignore_eos=True))
+    assert out.finish_reason == "length" and len(out.token_ids) == 5
 
 
 def run_until_done(engine):
