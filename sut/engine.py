@@ -2,7 +2,8 @@
 iteration (schedule, prepare, execute, sample, update) and returns the requests that finished in it.
 
 A bad request is refused in `add_request` with an InvalidRequestError; a request whose token
-callback raises is finished alone with an error; neither disturbs the others.
+callback raises, or whose logits come out NaN or inf, is finished alone with an error; none of
+these disturbs the others.
 """
 
 import itertools
@@ -222,7 +223,8 @@ class LLMEngine:
                     raise WorkerError(dead) from e
                 raise
             if self.proposer is None:
-                sampled = [[t] for t in sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)]
+                sampled = [None if t is None else [t] for t in sample(logits, batch.sampling_seqs, self.eos_token_ids,
+                                                                      self.default_generator)]
             else:
                 sampled = verify(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator,
                                  self.runner.model.ops.rejection_sample)

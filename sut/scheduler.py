@@ -44,6 +44,7 @@ import numpy as np
 
 from sut.block_manager import BlockManager
 from sut.config import EngineConfig
+from sut.sampler import NONFINITE_LOGITS
 from sut.sequence import Sequence, SequenceStatus
 from sut.spec_metrics import SpecMetrics
 
@@ -186,9 +187,9 @@ class Scheduler:
     def update_from_output(self, batch: ScheduledBatch, sampled: list[list[int]], now: float) -> list[Sequence]:
         """After the step's forward: advance each sequence's computed tokens (past the drafts it
         accepted, not the rejected ones), append the tokens it emitted (`sampled`: a list per sequence
-        with logits, in batch order: its accepted drafts, then one token of the target's) up to a stop,
-        call their `on_token`, cache its full verified blocks and apply the stop rules; return the
-        sequences that finished."""
+        with logits, in batch order: its accepted drafts, then one token of the target's; None where
+        its logits were NaN or inf, which fails it alone) up to a stop, call their `on_token`, cache
+        its full verified blocks and apply the stop rules; return the sequences that finished."""
         finished: list[Sequence] = []
         outputs = iter(sampled)
         cache_blocks = self.block_manager.enable_prefix_caching
@@ -201,8 +202,13 @@ class Scheduler:
                 continue
             tokens = next(outputs)
             if seq.batch_done:  # static batching: finished, computing on until its batch has
-                seq.output_token_ids += tokens
+                seq.output_token_ids += [0] if tokens is None else tokens  # dropped at the batch's end: any will do
                 seq.num_computed_tokens += n
+                continue
+            if tokens is None:  # the sampler found its logits NaN or inf
+                seq.error = NONFINITE_LOGITS
+                self.finish(seq, "error")
+                finished.append(seq)
                 continue
             if d:
                 accepted = len(tokens) - 1

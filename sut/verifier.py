@@ -8,21 +8,23 @@ decoding's); sampled ones accept draft x with probability min(1, p(x)/q(x)), whe
 distribution the draft was really sampled from (one-hot for n-gram drafts), and on rejection draw
 from norm(max(p - q, 0)); either way a token of the target's follows. The uniforms come from each
 request's own generator, so a seeded request emits the same tokens whatever else is in the batch.
-A sequence with no drafts is sampled the same way (its one token is the "bonus" draw)."""
+A sequence with no drafts is sampled the same way (its one token is the "bonus" draw). A sequence
+any of whose rows of logits is not all finite emits nothing (None): it fails alone (sampler.py)."""
 
 import torch
 
-from sut.sampler import sampling_probs, stop_tokens, to_host
+from sut.sampler import finite_rows, sampling_probs, stop_tokens, to_host
 from sut.sequence import Sequence
 
 
 def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...],
-           default_generator: torch.Generator, rejection_sample) -> list[list[int]]:
+           default_generator: torch.Generator, rejection_sample) -> list[list[int] | None]:
     """`logits`: `[sum(1 + drafts), vocab]`, each sampling sequence's rows in batch order (one per
     draft, then one after them); `rejection_sample`: the engine's op (KernelOps.rejection_sample).
-    Returns each sequence's emitted tokens."""
+    Returns each sequence's emitted tokens, None for one with a row of logits not all finite."""
     if not seqs:
         return []
+    finite = finite_rows(logits)
     device, vocab = logits.device, logits.shape[-1]
     num_draft = [len(s.spec_token_ids) for s in seqs]
     cu = [0]
@@ -62,4 +64,7 @@ def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
     out = rejection_sample(torch.tensor(cu, dtype=torch.int32, device=device), draft_token_ids.to(device), draft_probs,
                  target_probs, target_argmax, torch.tensor(greedy, device=device), accept_uniforms.to(device),
                  sample_uniforms.to(device), max(num_draft))
-    return [[t for t in tokens if t >= 0] for tokens in to_host(out)[0].tolist()]
+    out, finite = to_host(out, finite)
+    finite = finite.tolist()
+    return [[t for t in tokens if t >= 0] if all(finite[cu[i] + i:cu[i + 1] + i + 1]) else None
+            for i, tokens in enumerate(out.tolist())]

@@ -323,3 +323,88 @@ def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
     want = "model folder does not exist" if "MISSING" in command else "cpu.int16_activations needs cpu.quantized_weights"
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and want in last, done.stderr
+
+
+def plant(folder: Path, name: str, value: float) -> None:
+    """Set every element of checkpoint tensor `name` in folder's model.safetensors to `value`."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    tensors[name].fill_(value)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_logits_that_are_nan_or_inf_fail_the_request(tiny_llama, tmp_path):
+    """A norm weight far out of range (finite: NaN and inf in a weight are refused at load) overflows
+    the attention scores, and the logits come out NaN: the requests fail by name, rather than every
+    output being token 0 (argmax of NaN); greedy and sampled rows alike (multinomial refuses NaN)."""
+    from sut.sampler import NONFINITE_LOGITS
+    from tests.conftest import hf_greedy
+
+    folder = copy_model(tiny_llama, tmp_path)
+    plant(folder, "model.layers.0.input_layernorm.weight", 3e38)
+    bad = LLM(folder, num_kv_blocks=64)
+    prompts = random_prompts([5, 9])
+    outputs = bad.generate(prompts, [SamplingParams(max_tokens=4), SamplingParams(max_tokens=4, temperature=0.8)])
+    for out in outputs:
+        assert (out.finish_reason, out.error, out.token_ids) == ("error", NONFINITE_LOGITS, [])
+    assert not bad.engine.has_unfinished() and bad.engine.block_manager.num_free_blocks == 64
+    [good] = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts[0], SamplingParams(max_tokens=6, ignore_eos=True))
+    assert good.token_ids == hf_greedy(tiny_llama[1], prompts[0], 6, eos_token_id=None)
+
+
+class RepeatProposer:
+    """Drafts a sequence's last token k times: every decode verifies k + 1 rows (n-gram lookup drafts
+    only now and then on random prompts)."""
+
+    def propose(self, seqs, counts, block_tables=None):
+        return [([seq.token_ids[-1]] * k, None) for seq, k in zip(seqs, counts)]
+
+
+@pytest.mark.parametrize("speculate", [False, True], ids=["sample", "verify"])
+def test_a_row_of_bad_logits_fails_its_sequence_alone(tiny_llama, monkeypatch, speculate):
+    """One sequence's logits turn NaN mid-decode (with speculation in its last row of several); it
+    fails, and the others in the batch go on to the outputs they get without it."""
+    from sut.sampler import NONFINITE_LOGITS
+
+    params = {"bad": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=1),
+              "greedy": SamplingParams(max_tokens=12, ignore_eos=True),
+              "seeded": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=2)}
+    prompts = dict(zip(params, random_prompts([5, 9, 4], seed=3)))
+    spec = {"method": "ngram", "num_speculative_tokens": 3} if speculate else None
+
+    def engine_for(rids):
+        engine = LLMEngine(tiny_llama[0], num_kv_blocks=64, speculative_config=spec)
+        if speculate:
+            engine.proposer = RepeatProposer()
+        for rid in rids:
+            engine.add_request(prompts[rid], params[rid], request_id=rid)
+        return engine
+
+    engine = engine_for(params)
+    schedule, execute, batches, poisoned = engine.scheduler.schedule, engine.runner.execute, [], []
+
+    def scheduled(now):
+        batches.append(schedule(now))
+        return batches[-1]
+
+    def poison(step):
+        logits, row = execute(step), 0
+        for seq, k in zip(batches[-1].seqs, batches[-1].num_logits):
+            if seq.request_id == "bad" and len(seq.output_token_ids) >= 2 and k:
+                logits[row + k - 1, 7] = float("nan")
+                poisoned.append(k)
+            row += k
+        return logits
+
+    monkeypatch.setattr(engine.scheduler, "schedule", scheduled)
+    monkeypatch.setattr(engine.runner, "execute", poison)
+    outputs = run_until_done(engine)
+    assert poisoned == [4 if speculate else 1]
+    assert outputs["bad"].finish_reason == "error" and outputs["bad"].error == NONFINITE_LOGITS
+    assert len(outputs["bad"].token_ids) >= 2
+    expected = run_until_done(engine_for(["greedy", "seeded"]))
+    for rid in ("greedy", "seeded"):
+        assert outputs[rid].finish_reason == "length" and outputs[rid].token_ids == expected[rid].token_ids
+    assert engine.block_manager.num_free_blocks == 64
