@@ -148,6 +148,9 @@ class EngineConfig:
     kv_cache_memory_gb: float | None = None  # default: the CPU backend's on CPU, 90% of free memory on CUDA
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = False  # MLPerf forbids reuse across queries: off unless asked
+    # The model (and draft) folder's SHA256SUMS checked before loading (sut/checksums.py); false for a
+    # large checkpoint already verified.
+    verify_checksums: bool = True
     dtype: str = "auto"  # "auto" = the checkpoint's dtype
     device: str = "auto"  # "auto" = cuda when available, else cpu
     kernels: str = "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from sut.block_manager import BlockManager
+from sut.checksums import verify_folder
 from sut.draft_proposer import DraftModelProposer, check_draft_folder
 from sut.config import DTYPES, EngineConfig, ModelConfig
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, WorkerError
@@ -79,6 +80,10 @@ class LLMEngine:
                     raise ConfigError(f"engine setting speculative_config.model: the draft {draft_folder} has "
                                       f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
                                       f"target's max_model_len={self.max_model_len}")
+        if self.config.verify_checksums:
+            verify_folder(folder)
+            if spec is not None and spec.method == "draft_model":
+                verify_folder(draft_folder)
         self.tokenizer = _load_tokenizer(folder)
         self.eos_token_ids = mc.eos_token_ids
         draft = None

@@ -108,6 +108,8 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
                     what = f"its tensor-parallel slice {shard.rank}/{shard.size}" if shard else "it"
                     raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
                                           f"config.json implies {tuple(shape)}")
+                if tensor.is_floating_point() and not tensor.isfinite().all():  # every output would be garbage
+                    raise CheckpointError(f"{file}: tensor {name!r} holds NaN or inf values (a corrupt checkpoint)")
                 _put(model, param_name, row, tensor, device, dtype)
                 loaded.add(name)
                 del tensor

@@ -15,8 +15,8 @@ OUT gets:
   vocab/merges...), byte for byte, except weights, index files, checksums and dotfiles (the
   converter's .converted marker).
 
-No SHA256SUMS is written: only the demo model's converter reads one, to skip reconverting its own
-folder, and it never reads a draft.
+The draft gets a SHA256SUMS of its own files (the target's describes the target's), which the engine
+checks before loading it (sut/checksums.py).
 
 Tensors are copied one at a time, their bytes 16 MB at a time, from the target's files: nothing
 is loaded whole. The draft is written to a hidden folder beside OUT and renamed into place when complete,
@@ -31,6 +31,7 @@ import re
 import shutil
 from pathlib import Path
 
+from sut.checksums import write_sums
 from sut.config import ModelConfig
 from sut.cpu.quant import copy_blocks_of
 from sut.errors import ConfigError, SaafError, run_cli
@@ -93,6 +94,7 @@ def write_draft(target: Path, layers: int, out: Path, config: ModelConfig, raw_c
     draft_config = {**raw_config, "num_hidden_layers": layers,
                     DRAFT_KEY: {"target": str(target), "layers": layers, "target_layers": config.num_layers}}
     (out / "config.json").write_text(json.dumps(draft_config, indent=2) + "\n")
+    write_sums(out)
 
 
 def make_draft(target: str | Path, layers: int, out: str | Path) -> Path:

@@ -408,3 +408,44 @@ def test_a_row_of_bad_logits_fails_its_sequence_alone(tiny_llama, monkeypatch, s
     for rid in ("greedy", "seeded"):
         assert outputs[rid].finish_reason == "length" and outputs[rid].token_ids == expected[rid].token_ids
     assert engine.block_manager.num_free_blocks == 64
+
+
+def write_sums(folder: Path) -> None:
+    from sut.checksums import sha256_of
+
+    (folder / "SHA256SUMS").write_text("".join(f"{sha256_of(p)}  {p.name}\n" for p in sorted(folder.iterdir())
+                                               if p.is_file() and p.name != "SHA256SUMS"))
+
+
+def test_a_folder_whose_files_changed_since_its_sha256sums_is_refused(tiny_llama, tmp_path):
+    """A changed tensor that would load (a norm weight: finite values, right shape) is caught by the
+    folder's SHA256SUMS, which names the file; verify_checksums=false loads it as it is."""
+    folder = copy_model(tiny_llama, tmp_path)
+    write_sums(folder)
+    LLM(folder, num_kv_blocks=16)  # intact: loads
+    plant(folder, "model.layers.0.input_layernorm.weight", 0.5)
+    with pytest.raises(CheckpointError, match=rf"{folder}/model.safetensors: its SHA-256 is [0-9a-f]{{64}}, and "
+                                              r"SHA256SUMS says [0-9a-f]{64}: the file changed since it was written"):
+        LLM(folder, num_kv_blocks=16)
+    with pytest.raises(CheckpointError, match="the file changed since it was written"):  # checked before replicas start
+        LLM(folder, num_kv_blocks=16, data_parallel_size=2)
+    LLM(folder, num_kv_blocks=16, verify_checksums=False)
+    with (folder / "SHA256SUMS").open("a") as f:
+        f.write(f"{'0' * 64}  tokenizer.json\n")
+    with pytest.raises(CheckpointError, match="SHA256SUMS lists tokenizer.json, which is missing from the folder"):
+        LLM(folder, num_kv_blocks=16)
+    (folder / "SHA256SUMS").write_text("not a checksum line\n")
+    with pytest.raises(CheckpointError, match="SHA256SUMS: line 1 is not '<sha256>  <file in the folder>'"):
+        LLM(folder, num_kv_blocks=16)
+    (folder / "SHA256SUMS").write_text(f"{'0' * 64}  ../elsewhere\n")
+    with pytest.raises(CheckpointError, match="line 1 is not"):
+        LLM(folder, num_kv_blocks=16)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_nan_or_inf_in_a_weight_is_refused_at_load(tiny_llama, tmp_path, value):
+    folder = copy_model(tiny_llama, tmp_path)
+    plant(folder, "model.norm.weight", value)
+    with pytest.raises(CheckpointError, match=rf"{folder}/model.safetensors: tensor 'model.norm.weight' holds NaN or "
+                                              r"inf values \(a corrupt checkpoint\)"):
+        LLM(folder, num_kv_blocks=16)

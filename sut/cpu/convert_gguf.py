@@ -10,7 +10,6 @@ file, and a rerun with a folder that still matches it does nothing.
 """
 
 import argparse
-import hashlib
 import importlib.util
 import os
 import shutil
@@ -18,19 +17,13 @@ import sys
 import time
 from pathlib import Path
 
+from sut.checksums import SUMS_FILE, sha256_of, verify_folder, write_sums
 from sut.cpu.quant import GGUF_BLOCKS_FILE, write_gguf_blocks
+from sut.errors import CheckpointError
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 DONE_MARKER = ".converted"
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def find_gguf() -> Path:
@@ -48,13 +41,12 @@ def find_gguf() -> Path:
 
 
 def folder_is_intact(out: Path) -> bool:
-    sums = out / "SHA256SUMS"
-    if not (out / DONE_MARKER).is_file() or not sums.is_file() or not (out / GGUF_BLOCKS_FILE).is_file():
+    if not (out / DONE_MARKER).is_file() or not (out / SUMS_FILE).is_file() or not (out / GGUF_BLOCKS_FILE).is_file():
         return False
-    for line in sums.read_text().splitlines():
-        digest, name = line.split(maxsplit=1)
-        if not (out / name).is_file() or sha256_of(out / name) != digest:
-            return False
+    try:
+        verify_folder(out)
+    except CheckpointError:
+        return False
     return True
 
 
@@ -109,8 +101,7 @@ def convert(gguf: Path, out: Path) -> None:
     plain.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     write_gguf_blocks(gguf_blocks(gguf, config.num_attention_heads, config.num_key_value_heads), tmp)
-    names = sorted(p.relative_to(tmp).as_posix() for p in tmp.rglob("*") if p.is_file())
-    (tmp / "SHA256SUMS").write_text("".join(f"{sha256_of(tmp / n)}  {n}\n" for n in names))
+    write_sums(tmp)
     (tmp / DONE_MARKER).write_text(f"converted from {gguf.name} ({GGUF_SHA256})\n")
     if out.exists():
         shutil.rmtree(out)
