@@ -14,6 +14,7 @@ error output from `fail_all`, once, and the pool refuses new ones.
 import multiprocessing as mp
 import os
 import queue
+import signal
 import threading
 import weakref
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from sut.checksums import verify_folder
 from sut.config import EngineConfig, ModelConfig
 from sut.engine import LLMEngine, RequestOutput, _dtype, _load_tokenizer, make_sequence
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, WorkerError
@@ -55,6 +57,8 @@ def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
 def _replica_main(index: int, model: str, settings: dict, cores: list[int] | None, inbox, outbox) -> None:
     """A replica's process (its environment set at spawn): build the engine, then step it and take
     requests until told to stop or its parent is gone."""
+    # Ctrl-C reaches the whole process group: the parent decides what it means and stops the replicas.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent = os.getppid()
     if cores:
         os.sched_setaffinity(0, cores)
@@ -129,6 +133,11 @@ class ReplicaPool:
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: model folder does not exist")
         self.model_config = ModelConfig.from_folder(folder)
+        if self.config.verify_checksums:  # once here, rather than in every replica
+            verify_folder(folder)
+            spec = self.config.speculative_config
+            if spec is not None and spec.method == "draft_model":
+                verify_folder(Path(spec.model).expanduser())
         self.tokenizer = _load_tokenizer(folder)
         self.dtype = _dtype(self.config, self.model_config)
         device = self.config.device
@@ -148,7 +157,7 @@ class ReplicaPool:
             # Not daemonic, so that a replica can start tensor-parallel ranks of its own; the
             # finalizer below stops them at exit, and each stops by itself when orphaned.
             proc = ctx.Process(target=_replica_main, name=f"saaf-replica-{i}",
-                               args=(i, str(folder), {**settings, "device": device}, place["cores"],
+                               args=(i, str(folder), {**settings, "device": device, "verify_checksums": False}, place["cores"],
                                      self._inboxes[i], self._outbox))
             with _environment(place["env"]):  # a spawned process starts with this process's environment
                 proc.start()
@@ -309,8 +318,16 @@ class ReplicaPool:
         return {key: sum(b[key] for b in per_replica) for key in per_replica[0]}
 
     def close(self) -> None:
-        """Stop every replica and wait for it: none is left behind."""
+        """Stop every replica and wait for it: none is left behind. Then let go of the queues, whose
+        semaphores are freed with them (a process that ends in os._exit, as the harness on Ctrl-C,
+        would otherwise leave them to the resource tracker, which warns of leaks)."""
         self._stop()
+        if self._outbox is None:  # closed before
+            return
+        for q in (self._outbox, *self._inboxes):
+            q.cancel_join_thread()  # a stopped replica may leave its inbox unread: never wait on it
+            q.close()
+        self._outbox, self._inboxes = None, []
 
 
 def _stop_replicas(procs, inboxes) -> None:

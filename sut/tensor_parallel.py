@@ -13,6 +13,7 @@ stop) and samples from the gathered logits.
 
 import dataclasses
 import os
+import signal
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -141,6 +142,8 @@ def worker_main(rank: int, size: int, port: int, model: str, settings: dict, dev
     rank 0 broadcasts, until it broadcasts None (or dies: the next collective fails here too)."""
     from sut.engine import build_runner  # the engine's own construction, for this rank's shard
 
+    # Ctrl-C reaches the whole process group: rank 0 decides what it means and ends the group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch_device = torch.device(device)
     if torch_device.type == "cuda":
         torch.cuda.set_device(rank)

@@ -94,3 +94,12 @@ def tiny_model_and_dataset(tiny_folder, root, num_samples, seed):
     dataset = root / "data.json"
     dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
     return model_dir, prompts, references, dataset
+
+
+@pytest.fixture(scope="session")
+def chain(tiny_llama, tmp_path_factory):
+    """Every run of the demo chain for a tiny system (tests/tiny_system.py); returns (repo-like root,
+    the packaged tree, each run's verdict). Tests that change it work on a copy."""
+    from tests.tiny_system import build_chain
+
+    return build_chain(tiny_llama[0], tmp_path_factory.mktemp("repo"))

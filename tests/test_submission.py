@@ -15,66 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
+from compliance.check import check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
-from compliance.run_folder import STATUS_FILE, sha256_of
 from systems.schema import REPO
-from tests.conftest import process_alive, tiny_model_and_dataset
-
-NUM_SAMPLES = 24
-USER_CONF = """\
-llama3_1-8b.Offline.target_qps = 10
-llama3_1-8b.Offline.min_duration = 0
-llama3_1-8b.Offline.min_query_count = 24
-llama3_1-8b.Offline.performance_sample_count_override = 24
-llama3_1-8b.Server.target_qps = 100
-llama3_1-8b.Server.min_duration = 1000
-llama3_1-8b.Server.min_query_count = 480
-llama3_1-8b.Server.performance_sample_count_override = 24
-"""
-MEASUREMENTS = {"input_data_types": "int32", "retraining": "No", "starting_weights_filename": "random",
-                "weight_data_types": "fp32", "weight_transformations": "none"}
-
-
-def write_system(root, model_dir, dataset, reference):
-    system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
-    system.update(division="open", submitter="TestOrg", status="rdi", system_type="datacenter",
-                  saaf_harness={"model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)},
-                                "accuracy_reference": str(reference), "engine": {"num_kv_blocks": 2048},
-                                "scenarios": ["Offline", "Server"], "model_name": "tiny-llama", "demo": True})
-    (root / "systems").mkdir()
-    (root / "systems" / "tiny.json").write_text(json.dumps(system))
-    for scenario in ("Offline", "Server"):
-        folder = root / "measurements" / "tiny" / "llama3.1-8b" / scenario
-        folder.mkdir(parents=True)
-        (folder / "user.conf").write_text(USER_CONF)
-        (folder / "measurements.json").write_text(json.dumps(MEASUREMENTS))
-        (folder / "README.md").write_text(f"tiny {scenario}\n")
-
-
-@pytest.fixture(scope="module")
-def chain(tiny_llama, tmp_path_factory):
-    """Every run of the demo chain for a tiny system; returns (repo-like root, the packaged tree)."""
-    root = tmp_path_factory.mktemp("repo")
-    # References are the model's own outputs, so ROUGE is high and a planted low score shows.
-    model_dir, _, references, dataset = tiny_model_and_dataset(tiny_llama[0], root, NUM_SAMPLES, seed=5)
-    reference = root / "reference.json"
-    reference.write_text(json.dumps({"scores": {"rouge1": 80.0, "rouge2": 80.0, "rougeL": 80.0, "rougeLsum": 80.0,
-                                                "gen_len": sum(map(len, references))}, "eos_token_ids": [2]}))
-    write_system(root, model_dir, dataset, reference)
-    verdicts = {}
-    for scenario in ("Offline", "Server"):
-        for mode in ("performance", "accuracy", "TEST06"):
-            # One process per run, as LoadGen requires (see harness/run.py).
-            done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", scenario,
-                                   "--mode", mode, "--root", str(root)], capture_output=True, text=True, cwd=REPO)
-            assert done.returncode == 0, done.stderr[-2000:]
-            verdicts[scenario, mode] = done.stdout.strip().splitlines()[-1]
-    tree = root / "submission"
-    _, test06_failures = package("tiny", tree, root=root)
-    assert not test06_failures
-    return root, tree, verdicts
+from tests.conftest import process_alive
+from tests.tiny_system import NUM_SAMPLES, USER_CONF, reseal
 
 
 def test_cli_runs_are_valid_and_accurate(chain):
@@ -106,14 +52,6 @@ def test_good_tree_passes_the_checker(chain):
     assert re.search(r"^hash=[0-9a-f]{64}$", (scenario / "accuracy" / "accuracy.txt").read_text(), re.MULTILINE)
     assert "saaf_harness" not in json.loads((org / "systems" / "tiny.json").read_text())
     assert "python -m harness run --system tiny --benchmark llama3.1-8b" in (org / "src/tiny-llama/README.md").read_text()
-
-
-def reseal(folder):
-    """The run folder's status file with its files' hashes as they are now: a planted change that the
-    run-folder check (compliance/run_folder.py) would otherwise refuse."""
-    status = json.loads((folder / STATUS_FILE).read_text())
-    status["files"] = {name: sha256_of(folder / name) for name in status["files"]}
-    (folder / STATUS_FILE).write_text(json.dumps(status))
 
 
 def _set_detail_value(path, key, value):

@@ -1,0 +1,79 @@
+"""A repository-like folder with one tiny system (`tiny`: the tiny Llama of conftest.py, open
+division, Offline and Server) and every run of its submission chain: what the submission, checker
+and run-folder tests build on (the `chain` fixture of conftest.py, one per session)."""
+
+import json
+import subprocess
+import sys
+
+from compliance.check import SYSTEM_REQUIRED_FIELDS
+from compliance.package import package
+from compliance.run_folder import STATUS_FILE, sha256_of
+from systems.schema import REPO
+from tests.conftest import tiny_model_and_dataset
+
+NUM_SAMPLES = 24
+USER_CONF = """\
+llama3_1-8b.Offline.target_qps = 10
+llama3_1-8b.Offline.min_duration = 0
+llama3_1-8b.Offline.min_query_count = 24
+llama3_1-8b.Offline.performance_sample_count_override = 24
+llama3_1-8b.Server.target_qps = 100
+llama3_1-8b.Server.min_duration = 1000
+llama3_1-8b.Server.min_query_count = 480
+llama3_1-8b.Server.performance_sample_count_override = 24
+"""
+MEASUREMENTS = {"input_data_types": "int32", "retraining": "No", "starting_weights_filename": "random",
+                "weight_data_types": "fp32", "weight_transformations": "none"}
+
+
+def write_system(root, model_dir, dataset, reference):
+    system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
+    system.update(division="open", submitter="TestOrg", status="rdi", system_type="datacenter",
+                  saaf_harness={"model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)},
+                                "accuracy_reference": str(reference), "engine": {"num_kv_blocks": 2048},
+                                "scenarios": ["Offline", "Server"], "model_name": "tiny-llama", "demo": True})
+    (root / "systems").mkdir()
+    (root / "systems" / "tiny.json").write_text(json.dumps(system))
+    for scenario in ("Offline", "Server"):
+        folder = root / "measurements" / "tiny" / "llama3.1-8b" / scenario
+        folder.mkdir(parents=True)
+        (folder / "user.conf").write_text(USER_CONF)
+        (folder / "measurements.json").write_text(json.dumps(MEASUREMENTS))
+        (folder / "README.md").write_text(f"tiny {scenario}\n")
+
+
+def reseal(folder):
+    """The run folder's status file with its files' hashes as they are now: a planted change that the
+    run-folder check (compliance/run_folder.py) would otherwise refuse."""
+    status = json.loads((folder / STATUS_FILE).read_text())
+    status["files"] = {name: sha256_of(folder / name) for name in status["files"]}
+    (folder / STATUS_FILE).write_text(json.dumps(status))
+
+
+def harness_run(root, scenario, mode, *args, **popen):
+    """`python -m harness run` for the tiny system under `root`; extra `args` go on its command line."""
+    return subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", scenario,
+                           "--mode", mode, "--root", str(root), *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, **popen)
+
+
+def build_chain(tiny_folder, root):
+    """Every run of the demo chain for the tiny system under `root`, and the packaged tree; returns
+    (root, the tree, each run's verdict line)."""
+    # References are the model's own outputs, so ROUGE is high and a planted low score shows.
+    model_dir, _, references, dataset = tiny_model_and_dataset(tiny_folder, root, NUM_SAMPLES, seed=5)
+    reference = root / "reference.json"
+    reference.write_text(json.dumps({"scores": {"rouge1": 80.0, "rouge2": 80.0, "rougeL": 80.0, "rougeLsum": 80.0,
+                                                "gen_len": sum(map(len, references))}, "eos_token_ids": [2]}))
+    write_system(root, model_dir, dataset, reference)
+    verdicts = {}
+    for scenario in ("Offline", "Server"):
+        for mode in ("performance", "accuracy", "TEST06"):
+            done = harness_run(root, scenario, mode)  # one process per run, as LoadGen requires (harness/run.py)
+            assert done.returncode == 0, done.stderr[-2000:]
+            verdicts[scenario, mode] = done.stdout.strip().splitlines()[-1]
+    tree = root / "submission"
+    _, test06_failures = package("tiny", tree, root=root)
+    assert not test06_failures
+    return root, tree, verdicts
