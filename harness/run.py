@@ -47,13 +47,17 @@ def run(cfg: RunConfig) -> str:
         raise HarnessConfigError("one LoadGen run per process: LoadGen applies mlperf.conf only to the first "
                                  "(start another `python -m harness run`)")
     _runs_in_this_process += 1
+    # The inputs before the folder: a bad dataset must not cost the folder its earlier run.
+    dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
+    model = cfg.system.model_for(cfg.benchmark.name)
+    check_token_ids(dataset, model)
     folder = RunFolder(cfg.log_dir)
     folder.open({"system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario,
                  "mode": cfg.mode})
     if folder.replaced:
         print(f"harness: {cfg.log_dir} held an earlier run ({folder.replaced}); this run replaces it", flush=True)
     try:
-        summary, failures = _load_and_run(cfg, folder)
+        summary, failures = _load_and_run(cfg, folder, dataset, model)
     except Interrupted as e:
         folder.fail(str(e))
         raise Interrupted(f"{e}; the run is marked failed in {cfg.log_dir}") from None
@@ -71,11 +75,8 @@ def run(cfg: RunConfig) -> str:
     return summary
 
 
-def _load_and_run(cfg: RunConfig, folder: RunFolder) -> tuple[str, str | None]:
+def _load_and_run(cfg: RunConfig, folder: RunFolder, dataset, model: str) -> tuple[str, str | None]:
     """The run itself: (its summary line, why it failed or None)."""
-    dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
-    model = cfg.system.model_for(cfg.benchmark.name)
-    check_token_ids(dataset, model)
     settings = lg.TestSettings()
     conf_scenario = "Server" if cfg.scenario == "Interactive" else cfg.scenario
     if settings.FromConfig(str(cfg.user_conf), cfg.benchmark.loadgen_name(cfg.scenario), conf_scenario):

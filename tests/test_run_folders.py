@@ -294,3 +294,56 @@ def test_corrupt_norm_weights_end_the_run_with_an_error(root, tmp_path, corrupti
         assert {"nan": "tensor 'model.layers.0.input_layernorm.weight' holds NaN or inf values",
                 "changed": "model.safetensors: its SHA-256 is"}[corruption] in error
     assert status(logs)["status"] == "failed"
+
+
+def _binary_dataset(root, tmp_path):
+    (root / "data.json").write_bytes(b"\x00\x9f\x92\x96" * 64)
+    return (), "data.json: not a UTF-8 text file (binary data at byte 1)"
+
+
+def _id_outside_vocab(root, tmp_path):
+    records = json.loads((root / "data.json").read_text())
+    records[3]["tok_input"][2] = 10**6
+    (root / "data.json").write_text(json.dumps(records))
+    return (), "1000000"
+
+
+def _log_dir_a_file(root, tmp_path):
+    (tmp_path / "logs").write_text("mine")
+    return (), "logs"
+
+
+def _no_tokenizer(root, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (root / "tiny-llama" / name).unlink()
+    return ("--mode", "accuracy"), "tokenizer"
+
+
+def _engine(setting):
+    return lambda root, tmp_path: (("--engine", setting), "--engine")
+
+
+EARLY = {"binary dataset": _binary_dataset, "token id outside the vocabulary": _id_outside_vocab,
+         "--log-dir a file": _log_dir_a_file, "no tokenizer, accuracy run": _no_tokenizer,
+         "tpot_target_ms NaN": _engine('{"tpot_target_ms": NaN}'),
+         "prefix caching 'false'": _engine('{"enable_prefix_caching": "false"}'),
+         "max_num_seqs true": _engine('{"max_num_seqs": true}')}
+
+
+@pytest.mark.parametrize("case", EARLY)
+def test_bad_input_ends_the_run_in_one_line_before_loadgen_starts(root, tmp_path, case):
+    """Each found before the model loads or LoadGen starts: the user waits seconds, not a run, and
+    no log folder says anything ran."""
+    system = json.loads((root / "systems/tiny.json").read_text())
+    system["saaf_harness"].update(model=str(root / "tiny-llama"), datasets={"llama3.1-8b": str(root / "data.json")})
+    (root / "systems/tiny.json").write_text(json.dumps(system))
+    args, named = EARLY[case](root, tmp_path)
+    mode = args[1] if args[:1] == ("--mode",) else "performance"
+    args = args[2:] if args[:1] == ("--mode",) else args
+    # The chain's own folder, which holds a complete run (or a file given as --log-dir).
+    log_dir = tmp_path / "logs" if case == "--log-dir a file" else root / LOGS / "Offline" / mode
+    earlier = {p: p.read_bytes() for p in (root / LOGS / "Offline" / mode).iterdir()}
+    done = harness_run(root, "Offline", mode, "--log-dir", log_dir, *args)
+    assert named in one_error_line(done), (case, done.stderr[-2000:])
+    # Refused before the run took its folder: the earlier run is still there, whole.
+    assert {p: p.read_bytes() for p in (root / LOGS / "Offline" / mode).iterdir()} == earlier
