@@ -324,9 +324,15 @@ class ReplicaPool:
         self._stop()
         if self._outbox is None:  # closed before
             return
+        # A replica that ended on its own (exit 0) read its inbox up to "stop", the last message sent:
+        # each feeder thread has written everything and ends once closed. One that was killed may have
+        # left its inbox's feeder blocked on a full pipe: never wait for that.
+        read_to_the_end = all(proc.exitcode == 0 for proc in self._procs)
         for q in (self._outbox, *self._inboxes):
-            q.cancel_join_thread()  # a stopped replica may leave its inbox unread: never wait on it
+            if not read_to_the_end:
+                q.cancel_join_thread()
             q.close()
+            q.join_thread()
         self._outbox, self._inboxes = None, []
 
 

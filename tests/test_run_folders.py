@@ -169,7 +169,8 @@ def test_a_system_file_naming_a_path_is_refused(root, field, value):
 def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_it(root, tmp_path):
     logs = tmp_path / "logs"
     first = start_run(root, "Server", "performance", "--log-dir", logs, "--user-conf",
-                      slow_conf(tmp_path / "slow.conf", 10, queries=200))
+                      slow_conf(tmp_path / "slow.conf", 10, queries=200), "--engine",
+                      '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}')
     try:
         wait_for_loadgen(first, logs)
         second = harness_run(root, "Server", "performance", "--log-dir", logs)
@@ -182,12 +183,15 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_i
     assert first.returncode == 0, err[-2000:]
     done = status(logs)
     assert done["status"] == "complete" and done["pid"] == first.pid and done["scenario"] == "Server"
+    assert "speculative_decoding.json" in done["files"]
     # Back to back: the later run replaces the earlier one, says so, and leaves none of its files.
     third = harness_run(root, "Offline", "performance", "--log-dir", logs)
     assert third.returncode == 0, third.stderr[-2000:]
     assert f"{logs} held an earlier run (complete, from {done['started']}); this run replaces it" in third.stdout
     assert status(logs)["scenario"] == "Offline" and json.loads((logs / "run.json").read_text())["scenario"] == "Offline"
     assert read_detail_log(logs / "mlperf_log_detail.txt")[0]["effective_scenario"] == "Offline"
+    # (a stale one made the packaged system claim speculation for a run that had none)
+    assert not (logs / "speculative_decoding.json").exists()
     # A folder holding anything a run does not write is nobody's to clear.
     mine = tmp_path / "mine"
     mine.mkdir()
