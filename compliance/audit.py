@@ -6,9 +6,6 @@ those limits (the registry's, systems/benchmarks.py). The official checker appli
 effective scenario is Server); this audit applies the Interactive ones (mlperf-rules.md section 5).
 """
 
-from pathlib import Path
-
-from compliance.loadgen_logs import read_detail_log
 from systems.benchmarks import Benchmark
 
 
@@ -36,8 +33,3 @@ def audit_values(values: dict, errors: list[str], benchmark: Benchmark, scenario
             elif not value < limit * 1_000_000:
                 failures.append(f"p99 {name} {value / 1e6:.1f} ms is not below the {scenario} limit of {limit} ms")
     return failures
-
-
-def audit_run(detail_log: Path, benchmark: Benchmark, scenario: str) -> list[str]:
-    values, errors = read_detail_log(detail_log)
-    return audit_values(values, errors, benchmark, scenario)

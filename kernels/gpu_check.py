@@ -444,7 +444,6 @@ def main(argv=None) -> int:
             results["engine_error"] = f"{type(e).__name__}: {e}"
             print(f"  engine steps FAILED: {results['engine_error']}", flush=True)
     results["elapsed_s"] = time.time() - start
-    results["elapsed_s"] = time.time() - start
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))

@@ -45,12 +45,19 @@ def test_token_that_is_not_an_integer(engine, bad):
 
 
 def test_integer_like_token_ids_are_accepted(engine):
+    """numpy and 0-d torch integers are token ids: taken as plain ints (what the cache and the
+    scheduler index with), and the request runs."""
     import numpy as np
     import torch
 
+    seq = engine.make_sequence([np.int64(5), torch.tensor(6), 7], SamplingParams(max_tokens=1))
+    assert seq.prompt_token_ids == [5, 6, 7] and all(type(t) is int for t in seq.prompt_token_ids)
     rid = engine.add_request([np.int64(5), torch.tensor(6), 7], SamplingParams(max_tokens=1))
-    engine.abort(rid)
-    engine.step()
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    [out] = outputs
+    assert out.request_id == rid and out.finish_reason == "length" and len(out.token_ids) == 1
 
 
 @pytest.mark.parametrize("max_tokens", [0, -3])
