@@ -74,7 +74,9 @@ def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_
         with pytest.raises(WorkerError, match=rf"data-parallel replica 1 \(pid {victim.pid}, cores .*\) died"):
             while True:
                 answered += pool.step()
-        assert time.monotonic() - start < 5
+        # Seen at the next poll (POLL_S) with no news: the bound tells that from a hang, with the
+        # margin a loaded machine needs.
+        assert time.monotonic() - start < 30
         answered += pool.fail_all("replica died")
         assert sorted(o.request_id for o in answered) == sorted(ids), "a request lost or answered twice"
         assert any(o.finish_reason == "error" for o in answered)

@@ -383,7 +383,8 @@ def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(ch
         os.kill(replicas[1], signal.SIGKILL)
         killed = time.monotonic()
         _, stderr = proc.communicate(timeout=30)
-        assert time.monotonic() - killed < 15, "the run did not end within seconds"
+        # Well before the run's 60 s min_duration would have ended it, with a loaded machine's margin.
+        assert time.monotonic() - killed < 40, "the run did not end on the replica's death"
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -11,6 +11,7 @@ import pytest
 
 from sut import LLM, LLMEngine, SamplingParams, WorkerError
 from sut.errors import ConfigError
+from sut.tensor_parallel import COLLECTIVE_TIMEOUT
 from tests.conftest import random_prompts
 
 # A small pool and step budget: prompts go in chunks, and sequences are preempted.
@@ -67,7 +68,9 @@ def test_a_killed_rank_ends_the_engine_with_its_name(tiny_llama):
         with pytest.raises(WorkerError, match=rf"tensor-parallel rank 1 \(pid {victim.pid}\) died"):
             while engine.has_unfinished():
                 engine.step()
-        assert time.monotonic() - start < 10
+        # Seen by the failed collective, not by its timeout: well under COLLECTIVE_TIMEOUT, with the
+        # margin a loaded machine needs.
+        assert time.monotonic() - start < COLLECTIVE_TIMEOUT.total_seconds() / 2
     finally:
         engine.close()
     assert not victim.is_alive()
