@@ -1,0 +1,161 @@
+"""Scheduler: after any mix of requests, aborts, preemptions and speculation no KV block leaks and
+none is freed twice (its books against the block manager's); the TPOT guard sizes prefill to the
+decodes' slack, on a fake clock."""
+
+import random
+
+import pytest
+
+from sut.block_manager import BlockManager
+from sut.config import EngineConfig
+from sut.scheduler import ScheduledBatch, Scheduler
+from sut.sequence import SequenceStatus
+from sut.spec_settings import SpeculativeConfig
+from tests.test_block_manager import seq
+
+
+class RandomProposer:
+    """Proposes up to the asked number of random drafts (sometimes none)."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def propose(self, seqs, counts, block_tables):
+        return [([self.rng.randrange(1000) for _ in range(self.rng.randint(0, k))], None) for k in counts]
+
+
+@pytest.mark.parametrize("speculate", [False, True])
+@pytest.mark.parametrize("prefix_caching", [False, True])
+@pytest.mark.parametrize("trial", range(6))
+def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial, speculate):
+    """Drive the real scheduler with fake forwards: random prompts (many sharing prefixes), random
+    aborts, a pool small enough to preempt, and with speculation random drafts of which a random
+    prefix is accepted; check invariants after every step."""
+    rng = random.Random(trial)
+    spec = SpeculativeConfig("ngram", 3) if speculate else None
+    config = EngineConfig(max_num_batched_tokens=rng.choice([8, 16, 64]), max_num_seqs=rng.choice([2, 4, 8]),
+                          block_size=4, speculative_config=spec)
+    bm = BlockManager(num_blocks=20, block_size=4, enable_prefix_caching=prefix_caching)
+    sched = Scheduler(config, bm)
+    proposer = RandomProposer(rng)
+    shared = [rng.randrange(1000) for _ in range(16)]
+    live, next_id, finished = [], 0, 0
+    for step in range(400):
+        if next_id < 40 and rng.random() < 0.3:
+            n = rng.randint(1, 40)
+            prompt = (shared[: rng.choice([0, 4, 8, 16])] + [rng.randrange(1000) for _ in range(n)])[: 60]
+            s = seq(prompt, request_id=next_id, max_tokens=rng.randint(1, 20))
+            next_id += 1
+            sched.add(s)
+            live.append(s)
+        if live and rng.random() < 0.05:
+            victim = rng.choice(live)
+            sched.finish(victim, "abort")
+            live.remove(victim)
+            finished += 1
+        if speculate:
+            sched.propose(proposer)
+        batch = sched.schedule()
+        assert sum(batch.num_new_tokens) <= config.max_num_batched_tokens
+        assert len(sched.running) <= config.max_num_seqs
+        for s, n, prefill, k, d in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill, batch.num_logits,
+                                       batch.num_draft):
+            assert s.status == SequenceStatus.RUNNING
+            assert len(s.block_table) * 4 >= s.num_computed_tokens + n
+            assert prefill == s.is_prefill
+            assert d == len(s.spec_token_ids) and (d == 0 or not prefill), "prefilling sequences do not speculate"
+            assert len(s.output_token_ids) + d < s.max_tokens, "drafts past max_tokens"
+            assert prefill or (n == 1 + d and s.num_computed_tokens == s.num_tokens - 1), "a decode computes its last token"
+            assert k == (1 + d if not prefill else s.num_computed_tokens + n == s.num_tokens)
+        # The real update after a fake forward: per sequence that samples, a random prefix of its
+        # drafts accepted and one random token.
+        emitted = [s.spec_token_ids[:rng.randint(0, len(s.spec_token_ids))] + [rng.randrange(1000)]
+                   for s in batch.sampling_seqs]
+        lengths = {s: len(s.output_token_ids) + len(e) for s, e in zip(batch.sampling_seqs, emitted)}
+        for s in sched.update_from_output(batch, emitted, 0.0):
+            assert s.finish_reason == "length" and len(s.output_token_ids) == s.max_tokens
+            live.remove(s)
+            finished += 1
+        assert all(len(s.output_token_ids) == n for s, n in lengths.items())
+        assert all(not s.spec_token_ids for s in batch.sampling_seqs), "drafts outlived their verification"
+        assert all(s.num_computed_tokens == s.num_tokens - 1 for s in batch.sampling_seqs if not s.is_finished)
+        bm.check_invariants(live)
+        if next_id >= 40 and not sched.has_unfinished():
+            break
+    assert finished == 40, "some request never finished"
+    assert bm.num_free_blocks == 20
+    bm.check_invariants([])
+    assert sched.num_preemptions > 0, "the pool is small enough that every trial preempts"
+
+
+def _run_fake_clock(config: EngineConfig) -> tuple[float, float, list[int]]:
+    """A young decode and, from step 1, a 300-token prompt, on a fake clock (a step costs 30 ms plus
+    2 ms per prefill token): the prompt's time to first token, the decode's worst TPOT, and the
+    prompt's chunk sizes."""
+    sched = Scheduler(config, BlockManager(num_blocks=256, block_size=4, enable_prefix_caching=False))
+    # max_tokens past the run's 120 steps: neither finishes
+    first, second = seq(list(range(6)), request_id=0, max_tokens=200), seq(list(range(300)), request_id=1, max_tokens=200)
+    first.arrival_time = 0.0
+    sched.add(first)
+    clock, worst_tpot, chunks = 0.0, 0.0, []
+    for step in range(120):
+        if step == 1:
+            second.arrival_time = clock
+            sched.add(second)
+        batch = sched.schedule(clock)
+        prefill = sum(n for n, p in zip(batch.num_new_tokens, batch.is_prefill) if p)
+        chunks += [n for s, n, p in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill) if s is second and p]
+        seconds = 0.030 + 0.002 * prefill
+        clock += seconds
+        sched.record_step(batch, seconds)
+        sched.update_from_output(batch, [[7]] * len(batch.sampling_seqs), clock)
+        if len(first.output_token_ids) > 1:
+            worst_tpot = max(worst_tpot, (clock - first.first_token_time) / (len(first.output_token_ids) - 1))
+    assert second.num_computed_tokens >= 300, "the second prompt was starved"
+    return second.first_token_time - second.arrival_time, worst_tpot, chunks
+
+
+SETTINGS = dict(max_num_batched_tokens=64, max_num_seqs=8, block_size=4)
+
+
+def test_tpot_target_sizes_prefill_to_the_decodes_slack():
+    """With tpot_target_ms, a step carries only as many prefill tokens as keep the decoding
+    request's TPOT under the target were it to end right after the step: without it, chunks fill
+    the budget and the TPOT passes the target; with it, the TPOT stays under and the chunks vary."""
+    _, free_tpot, free_chunks = _run_fake_clock(EngineConfig(**SETTINGS))
+    assert free_tpot > 0.060 and free_chunks[:4] == [63] * 4
+    _, tpot, chunks = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60))
+    assert tpot <= 0.060 + 1e-9  # the fake clock is linear, so the prediction is exact
+    assert sum(chunks) == 300 and min(chunks) < 63 and len(set(chunks)) > 2, chunks
+
+
+def test_one_slow_step_does_not_move_the_guards_cost_estimates():
+    """The step costs the TPOT guard predicts with are medians of the last RECENT_STEPS steps of
+    each kind: one step 20 times slower than the others (the process paused) leaves them where
+    they were, where the last step alone would make the guard wait for a decode to bank 20 chunks'
+    worth of slack before the next chunk, and cut it to a twentieth."""
+    sched = Scheduler(EngineConfig(**SETTINGS, tpot_target_ms=60), BlockManager(num_blocks=16, block_size=4))
+    decode = ScheduledBatch(num_new_tokens=[1, 1], is_prefill=[False, False])
+    chunk = ScheduledBatch(num_new_tokens=[1, 1, 100], is_prefill=[False, False, True])
+    for _ in range(4):
+        sched.record_step(decode, 0.030)
+        sched.record_step(chunk, 0.230)
+    normal = (sched.decode_step_s, sched.chunk_step_s, sched.prefill_token_s)
+    assert normal == pytest.approx((0.030, 0.230, 0.002))
+    sched.record_step(decode, 0.600)
+    sched.record_step(chunk, 4.600)
+    assert (sched.decode_step_s, sched.chunk_step_s, sched.prefill_token_s) == pytest.approx(normal)
+    sched.record_step(chunk, 0.230)
+    assert sched.chunk_step_s == pytest.approx(0.230)
+
+
+def test_a_prompt_past_its_patience_raises_the_tpot_bound_to_the_cap():
+    """With tpot_cap_ms and ttft_patience_ms, a prompt that has waited the patience gets its first
+    token sooner than under the target alone, and the decode's TPOT stays under the cap."""
+    target_ttft, target_tpot, _ = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60))
+    ttft, tpot, _ = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60, tpot_cap_ms=90, ttft_patience_ms=50))
+    assert ttft < target_ttft, (ttft, target_ttft)
+    assert target_tpot <= 0.060 + 1e-9 < tpot <= 0.090 + 1e-9
+    # A patience longer than the target alone makes the prompt wait changes nothing.
+    late = _run_fake_clock(EngineConfig(**SETTINGS, tpot_target_ms=60, tpot_cap_ms=90, ttft_patience_ms=10_000))
+    assert late[:2] == (target_ttft, target_tpot)
