@@ -9,7 +9,7 @@ DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x128.json
 comma := ,
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup models drafts data browser test bench spec-bench run_harness submission report gpu-check clean
+.PHONY: setup models drafts data browser test lint bench spec-bench run_harness submission report gpu-check clean
 
 setup: $(VENV)/.setup-done
 
@@ -51,6 +51,11 @@ browser:
 
 test: setup models browser
 	SAAF_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
+
+# ruff (pinned in requirements.txt): pyproject.toml's lint rules, and the code as its formatter writes it.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 
 # e.g. make run_harness RUN_ARGS="--scenario Offline --mode accuracy"
 run_harness: setup models data

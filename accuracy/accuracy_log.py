@@ -29,9 +29,12 @@ def read_accuracy_entries(path: str | Path, dtype=np.int32, data: bytes | None =
     for n, entry in enumerate(raw):
         where = f"{path}: entry {n}"
         try:
-            decoded = {"seq_id": entry.get("seq_id"), "qsl_idx": int(entry["qsl_idx"]),
-                       "token_count": entry.get("token_count"),
-                       "data": _decode_ids(entry["data"], dtype, where)}
+            decoded = {
+                "seq_id": entry.get("seq_id"),
+                "qsl_idx": int(entry["qsl_idx"]),
+                "token_count": entry.get("token_count"),
+                "data": _decode_ids(entry["data"], dtype, where),
+            }
             if "token_data" in entry:
                 decoded["token_data"] = _decode_ids(entry["token_data"], dtype, where)
         except AccuracyLogError:

@@ -31,9 +31,11 @@ def load_cnn_eval(path: str | Path) -> Dataset:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise DatasetError(f"{path}: not a UTF-8 text file (binary data at byte {e.start}); the dataset is a JSON list "
-                           "of samples (for llama2-70b's pickle, convert it first: `python -m harness.openorca "
-                           "convert`)") from None
+        raise DatasetError(
+            f"{path}: not a UTF-8 text file (binary data at byte {e.start}); the dataset is a JSON list "
+            "of samples (for llama2-70b's pickle, convert it first: `python -m harness.openorca "
+            "convert`)"
+        ) from None
     try:
         records = json.loads(text)
     except json.JSONDecodeError as e:

@@ -23,8 +23,10 @@ def load_tokenizer(model_dir: Path):
     (before a run that will need it, not after)."""
     model_dir = Path(model_dir)
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        raise TokenizerError(f"{model_dir}: the model folder has no tokenizer ({' or '.join(TOKENIZER_FILES)}), "
-                             "which scoring an accuracy run needs")
+        raise TokenizerError(
+            f"{model_dir}: the model folder has no tokenizer ({' or '.join(TOKENIZER_FILES)}), "
+            "which scoring an accuracy run needs"
+        )
     from transformers import AutoTokenizer
 
     try:

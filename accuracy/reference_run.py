@@ -44,21 +44,32 @@ def main() -> None:
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     outputs, start = [], time.time()
     for b in tqdm(range(0, len(data), args.batch_size), desc="reference"):
-        batch = data.input_ids[b:b + args.batch_size]
+        batch = data.input_ids[b : b + args.batch_size]
         width = max(map(len, batch))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.inference_mode():  # min_new_tokens as the harness's min_tokens (the reference SUT's 1)
-            gen = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, min_new_tokens=1,
-                                 max_new_tokens=args.max_new_tokens, pad_token_id=pad)
+            gen = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=False,
+                min_new_tokens=1,
+                max_new_tokens=args.max_new_tokens,
+                pad_token_id=pad,
+            )
         for row in gen[:, width:].tolist():
-            outputs.append(row[:row.index(eos) + 1] if eos in row else row)
+            outputs.append(row[: row.index(eos) + 1] if eos in row else row)
     predictions = tokenizer.batch_decode(outputs, skip_special_tokens=True)
     result = summarization_accuracy(predictions, data.references, [len(o) for o in outputs])
-    record = {"model": Path(args.model).name, "dataset": args.dataset.name,
-              "dataset_sha256": hashlib.sha256(args.dataset.read_bytes()).hexdigest(), "samples": len(data),
-              "implementation": f"transformers generate, {args.dtype}, greedy, batch {args.batch_size} left-padded",
-              "scores": result, "eos_token_ids": [eos]}
+    record = {
+        "model": Path(args.model).name,
+        "dataset": args.dataset.name,
+        "dataset_sha256": hashlib.sha256(args.dataset.read_bytes()).hexdigest(),
+        "samples": len(data),
+        "implementation": f"transformers generate, {args.dtype}, greedy, batch {args.batch_size} left-padded",
+        "scores": result,
+        "eos_token_ids": [eos],
+    }
     args.out.write_text(json.dumps(record, indent=2) + "\n")
     print(f"reference_run: {result} in {time.time() - start:.0f} s -> {args.out}")
 

@@ -28,46 +28,114 @@ from compliance.loadgen_logs import read_detail_log
 from compliance.package import CUT_MARK, VIEWABLE_BYTES
 from systems.benchmarks import BENCHMARKS, Benchmark
 
-SEEDS_V61 = {"effective_qsl_rng_seed": 2085463073848966840,
-             "effective_sample_index_rng_seed": 2747215439041700203,
-             "effective_schedule_rng_seed": 16159082839903944936}
+SEEDS_V61 = {
+    "effective_qsl_rng_seed": 2085463073848966840,
+    "effective_sample_index_rng_seed": 2747215439041700203,
+    "effective_schedule_rng_seed": 16159082839903944936,
+}
 MIN_DURATION_MS = 600_000
 SCENARIO_DIRS = {"Offline", "Server", "Interactive", "SingleStream", "MultiStream"}
 # Accuracy-pattern regexes as the official checker matches accuracy.txt (mlperf-rules.md section 3;
 # its patterns begin with ".*", so they match anywhere in a line).
 ACCURACY_PATTERNS = {
-    "rouge1": r"'rouge1':\s+'?([\d.]+)", "rouge2": r"'rouge2':\s+'?([\d.]+)", "rougeL": r"'rougeL':\s+'?([\d.]+)",
-    "rougeLsum": r"'rougeLsum':\s+'?([\d.]+)", "gen_len": r"'gen_len':\s([\d.]+)",
-    "tokens_per_sample": r"'tokens_per_sample':\s([\d.]+)", "exact_match": r"'exact_match':\s([\d.]+)",
+    "rouge1": r"'rouge1':\s+'?([\d.]+)",
+    "rouge2": r"'rouge2':\s+'?([\d.]+)",
+    "rougeL": r"'rougeL':\s+'?([\d.]+)",
+    "rougeLsum": r"'rougeLsum':\s+'?([\d.]+)",
+    "gen_len": r"'gen_len':\s([\d.]+)",
+    "tokens_per_sample": r"'tokens_per_sample':\s([\d.]+)",
+    "exact_match": r"'exact_match':\s([\d.]+)",
 }
 MAX_ACCURACY_LOG_BYTES = 10 * 1024
 SYSTEM_REQUIRED_FIELDS = [
-    "division", "submitter", "status", "system_name", "number_of_nodes", "host_processor_model_name",
-    "host_processors_per_node", "host_processor_core_count", "host_memory_capacity", "host_storage_capacity",
-    "host_storage_type", "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
-    "framework", "operating_system", "system_type", "other_software_stack", "host_processor_frequency",
-    "host_processor_caches", "host_memory_configuration", "host_processor_interconnect", "host_networking",
-    "host_networking_topology", "accelerator_frequency", "accelerator_host_interconnect", "accelerator_interconnect",
-    "accelerator_interconnect_topology", "accelerator_memory_configuration", "accelerator_on-chip_memories",
-    "cooling", "hw_notes", "sw_notes", "host_network_card_count", "system_type_detail",
+    "division",
+    "submitter",
+    "status",
+    "system_name",
+    "number_of_nodes",
+    "host_processor_model_name",
+    "host_processors_per_node",
+    "host_processor_core_count",
+    "host_memory_capacity",
+    "host_storage_capacity",
+    "host_storage_type",
+    "accelerators_per_node",
+    "accelerator_model_name",
+    "accelerator_memory_capacity",
+    "framework",
+    "operating_system",
+    "system_type",
+    "other_software_stack",
+    "host_processor_frequency",
+    "host_processor_caches",
+    "host_memory_configuration",
+    "host_processor_interconnect",
+    "host_networking",
+    "host_networking_topology",
+    "accelerator_frequency",
+    "accelerator_host_interconnect",
+    "accelerator_interconnect",
+    "accelerator_interconnect_topology",
+    "accelerator_memory_configuration",
+    "accelerator_on-chip_memories",
+    "cooling",
+    "hw_notes",
+    "sw_notes",
+    "host_network_card_count",
+    "system_type_detail",
 ]
 SYSTEM_NONEMPTY_FIELDS = [
-    "division", "submitter", "system_type", "status", "system_name", "number_of_nodes", "host_processor_model_name",
-    "host_processors_per_node", "host_processor_core_count", "host_memory_capacity", "host_memory_configuration",
-    "host_storage_capacity", "host_storage_type", "host_networking", "host_network_card_count",
-    "host_networking_topology", "accelerators_per_node", "accelerator_model_name", "accelerator_memory_capacity",
-    "accelerator_host_interconnect", "accelerator_memory_configuration", "accelerator_interconnect", "cooling",
-    "framework", "operating_system", "other_software_stack",
+    "division",
+    "submitter",
+    "system_type",
+    "status",
+    "system_name",
+    "number_of_nodes",
+    "host_processor_model_name",
+    "host_processors_per_node",
+    "host_processor_core_count",
+    "host_memory_capacity",
+    "host_memory_configuration",
+    "host_storage_capacity",
+    "host_storage_type",
+    "host_networking",
+    "host_network_card_count",
+    "host_networking_topology",
+    "accelerators_per_node",
+    "accelerator_model_name",
+    "accelerator_memory_capacity",
+    "accelerator_host_interconnect",
+    "accelerator_memory_configuration",
+    "accelerator_interconnect",
+    "cooling",
+    "framework",
+    "operating_system",
+    "other_software_stack",
 ]
-MEASUREMENTS_FIELDS = ["input_data_types", "retraining", "starting_weights_filename", "weight_data_types",
-                       "weight_transformations"]
-SCENARIO_FILES = ["measurements.json", "README.md", "user.conf", "performance/run_1/mlperf_log_summary.txt",
-                  "performance/run_1/mlperf_log_detail.txt", "accuracy/accuracy.txt",
-                  "accuracy/mlperf_log_accuracy.json", "accuracy/mlperf_log_summary.txt",
-                  "accuracy/mlperf_log_detail.txt"]
+MEASUREMENTS_FIELDS = [
+    "input_data_types",
+    "retraining",
+    "starting_weights_filename",
+    "weight_data_types",
+    "weight_transformations",
+]
+SCENARIO_FILES = [
+    "measurements.json",
+    "README.md",
+    "user.conf",
+    "performance/run_1/mlperf_log_summary.txt",
+    "performance/run_1/mlperf_log_detail.txt",
+    "accuracy/accuracy.txt",
+    "accuracy/mlperf_log_accuracy.json",
+    "accuracy/mlperf_log_summary.txt",
+    "accuracy/mlperf_log_detail.txt",
+]
 TEST06_FILES = ["TEST06/verify_accuracy.txt", "TEST06/accuracy/mlperf_log_accuracy.json"]
-TEST06_PASS_LINES = {"First token check pass": ("True", "Skipped"), "EOS check pass": ("True",),
-                     "Sample length check pass": ("True",)}
+TEST06_PASS_LINES = {
+    "First token check pass": ("True", "Skipped"),
+    "EOS check pass": ("True",),
+    "Sample length check pass": ("True",),
+}
 
 
 @dataclass
@@ -119,11 +187,20 @@ def check_performance(scenario_dir: Path, rules: Benchmark, scenario: str, repor
     values, errors = read_detail_log(log)
     _check_common_log(log, values, rules, scenario, report)
     if values.get("effective_min_duration_ms", 0) < MIN_DURATION_MS:
-        report.fail(log, "min-duration", f"effective_min_duration_ms {values.get('effective_min_duration_ms')} is "
-                    f"below {MIN_DURATION_MS}", demo_shortened=True)
+        report.fail(
+            log,
+            "min-duration",
+            f"effective_min_duration_ms {values.get('effective_min_duration_ms')} is below {MIN_DURATION_MS}",
+            demo_shortened=True,
+        )
     if scenario == "Offline" and values.get("effective_samples_per_query", 0) < rules.dataset_size:
-        report.fail(log, "sample-count", f"effective_samples_per_query {values.get('effective_samples_per_query')} "
-                    f"is below the dataset size {rules.dataset_size}", demo_shortened=True)
+        report.fail(
+            log,
+            "sample-count",
+            f"effective_samples_per_query {values.get('effective_samples_per_query')} "
+            f"is below the dataset size {rules.dataset_size}",
+            demo_shortened=True,
+        )
     if scenario in ("Server", "Interactive"):
         if not values.get("early_stopping_met"):
             report.fail(log, "early-stopping", "early_stopping_met is false")
@@ -132,10 +209,14 @@ def check_performance(scenario_dir: Path, rules: Benchmark, scenario: str, repor
     # The official checker tests this only for v4.1 (Config.requires_equal_issue), and there with the
     # condition inverted; mlperf.conf turns it on for every LLM, and only TEST06's audit.config off.
     if rules.equal_issue and not values.get("effective_sample_concatenate_permutation"):
-        report.fail(log, "equal-issue", f"effective_sample_concatenate_permutation is "
-                    f"{values.get('effective_sample_concatenate_permutation')}; mlperf.conf sets "
-                    f"{rules.loadgen_model}.*.sample_concatenate_permutation = 1 (equal-issue mode)",
-                    demo_shortened=True)
+        report.fail(
+            log,
+            "equal-issue",
+            f"effective_sample_concatenate_permutation is "
+            f"{values.get('effective_sample_concatenate_permutation')}; mlperf.conf sets "
+            f"{rules.loadgen_model}.*.sample_concatenate_permutation = 1 (equal-issue mode)",
+            demo_shortened=True,
+        )
     for failure in audit_values(values, errors, rules, scenario):
         report.fail(log, "latency-validity-audit", failure)
 
@@ -148,13 +229,17 @@ def _check_common_log(log: Path, values: dict, rules: Benchmark, scenario: str, 
     if values.get("effective_scenario") != expected:
         report.fail(log, "scenario", f"effective_scenario {values.get('effective_scenario')!r} is not {expected!r}")
     if values.get("effective_performance_sample_count", 0) < rules.dataset_size:
-        report.fail(log, "sample-count", f"effective_performance_sample_count "
-                    f"{values.get('effective_performance_sample_count')} is below the dataset size "
-                    f"{rules.dataset_size}", demo_shortened=True)
+        report.fail(
+            log,
+            "sample-count",
+            f"effective_performance_sample_count "
+            f"{values.get('effective_performance_sample_count')} is below the dataset size "
+            f"{rules.dataset_size}",
+            demo_shortened=True,
+        )
 
 
-def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets: dict,
-                   report: Report) -> None:
+def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets: dict, report: Report) -> None:
     acc_dir = scenario_dir / "accuracy"
     log = acc_dir / "mlperf_log_detail.txt"
     values, errors = read_detail_log(log)
@@ -163,19 +248,32 @@ def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets:
         report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
     # As the official AccuracyCheck.dataset_check: the samples the run covered, which an
     # accuracy_sample_count_override shortens; qsl_reported_total_count only when that is not logged.
-    key = "effective_accuracy_sample_count" if "effective_accuracy_sample_count" in values else "qsl_reported_total_count"
+    key = (
+        "effective_accuracy_sample_count" if "effective_accuracy_sample_count" in values else "qsl_reported_total_count"
+    )
     if values.get(key) != rules.dataset_size:
-        report.fail(log, "dataset-size", f"{key} {values.get(key)} is not the dataset size {rules.dataset_size}: "
-                    "the accuracy run does not cover the whole dataset", demo_shortened=True)
+        report.fail(
+            log,
+            "dataset-size",
+            f"{key} {values.get(key)} is not the dataset size {rules.dataset_size}: "
+            "the accuracy run does not cover the whole dataset",
+            demo_shortened=True,
+        )
     size = (acc_dir / "mlperf_log_accuracy.json").stat().st_size
     if size > MAX_ACCURACY_LOG_BYTES:
-        report.fail(acc_dir / "mlperf_log_accuracy.json", "accuracy-log-size",
-                    f"{size} bytes; truncate it to at most {MAX_ACCURACY_LOG_BYTES}")
+        report.fail(
+            acc_dir / "mlperf_log_accuracy.json",
+            "accuracy-log-size",
+            f"{size} bytes; truncate it to at most {MAX_ACCURACY_LOG_BYTES}",
+        )
     text_path = acc_dir / "accuracy.txt"
     text = text_path.read_text()
     if "np.float" in text or "np.int" in text:
-        report.fail(text_path, "accuracy-pattern", "numbers print as numpy reprs (np.float64(...)); the checker's "
-                    "regexes cannot read them")
+        report.fail(
+            text_path,
+            "accuracy-pattern",
+            "numbers print as numpy reprs (np.float64(...)); the checker's regexes cannot read them",
+        )
     if not re.search(r"^hash=[\w\d]+$", text, re.MULTILINE):
         report.fail(text_path, "accuracy-hash", "no hash= line")
     check_scored_log(acc_dir, text, values.get(key), report)
@@ -204,15 +302,21 @@ def check_scored_log(acc_dir: Path, text: str, samples, report: Report) -> None:
     else:
         scored = accuracy_log_hash(text)
         if scored is not None and scored != hashlib.sha256(data).hexdigest():
-            report.fail(path, "accuracy-log", f"not the log accuracy.txt was computed from (its hash= line is {scored})")
+            report.fail(
+                path, "accuracy-log", f"not the log accuracy.txt was computed from (its hash= line is {scored})"
+            )
         try:
             read_accuracy_entries(path, data=data)
         except AccuracyLogError as e:
             report.fail(path, "accuracy-log", f"not a LoadGen accuracy log: {e}")
     match = re.search(r"'gen_num':\s(\d+)", text)
     if match and samples is not None and int(match.group(1)) != samples:
-        report.fail(acc_dir / "accuracy.txt", "accuracy-coverage", f"scores {match.group(1)} samples (gen_num), and the "
-                    f"accuracy run covered {samples}: the score is not of this run")
+        report.fail(
+            acc_dir / "accuracy.txt",
+            "accuracy-coverage",
+            f"scores {match.group(1)} samples (gen_num), and the "
+            f"accuracy run covered {samples}: the score is not of this run",
+        )
 
 
 def check_test06(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
@@ -264,21 +368,33 @@ def allowed_scenarios(rules: Benchmark, system_type: str) -> tuple[frozenset, fr
     return frozenset().union(*(r for r, _ in kinds)), frozenset().union(*(o for _, o in kinds))
 
 
-def check_scenario_set(bench_dir: Path, benchmark: str, rules: Benchmark, system_type: str,
-                       scenarios: set, report: Report) -> None:
+def check_scenario_set(
+    bench_dir: Path, benchmark: str, rules: Benchmark, system_type: str, scenarios: set, report: Report
+) -> None:
     allowed = allowed_scenarios(rules, system_type)
     if allowed is None:  # the official checker has no scenario list for it and stops with a TypeError
-        report.fail(bench_dir, "system-type", f"{benchmark} is not a benchmark of a {system_type!r} system; it "
-                    f"needs a system_type of {' or '.join(sorted(rules.scenarios))}")
+        report.fail(
+            bench_dir,
+            "system-type",
+            f"{benchmark} is not a benchmark of a {system_type!r} system; it "
+            f"needs a system_type of {' or '.join(sorted(rules.scenarios))}",
+        )
         return
     required, optional = allowed
     one_of = optional if {"Server", "Interactive"} <= optional else frozenset()
     if not (required <= scenarios and (not one_of or one_of & scenarios)):
-        report.fail(bench_dir, "required-scenarios", f"has {sorted(scenarios)}; {benchmark} needs "
-                    f"{sorted(required)}" + (f" and one of {sorted(one_of)}" if one_of else ""))
+        report.fail(
+            bench_dir,
+            "required-scenarios",
+            f"has {sorted(scenarios)}; {benchmark} needs "
+            f"{sorted(required)}" + (f" and one of {sorted(one_of)}" if one_of else ""),
+        )
     for scenario in sorted((scenarios & SCENARIO_DIRS) - required - optional):
-        report.fail(bench_dir / scenario, "allowed-scenarios", f"{benchmark} on a {system_type!r} system allows only "
-                    f"{sorted(required | optional)}")
+        report.fail(
+            bench_dir / scenario,
+            "allowed-scenarios",
+            f"{benchmark} on a {system_type!r} system allows only {sorted(required | optional)}",
+        )
 
 
 def check_submitter(org: Path, division: str, report: Report) -> int:
@@ -299,13 +415,21 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
         for bench_dir in sorted(p for p in system_dir.iterdir() if p.is_dir()):
             benchmark = mapping.get(bench_dir.name, bench_dir.name)
             if benchmark not in BENCHMARKS:
-                report.fail(bench_dir, "benchmark", f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}"
-                            + ("; an open-division model needs model_mapping.json" if division == "open" else ""))
+                report.fail(
+                    bench_dir,
+                    "benchmark",
+                    f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}"
+                    + ("; an open-division model needs model_mapping.json" if division == "open" else ""),
+                )
                 continue
             readme = org / "src" / bench_dir.name / "README.md"
             if not readme.is_file() or readme.stat().st_size == 0:
-                report.fail(readme, "structure", "missing or empty: src/<benchmark>/ holds each benchmark's README, "
-                            "as in the official sample tree (the official checker asks only for src/)")
+                report.fail(
+                    readme,
+                    "structure",
+                    "missing or empty: src/<benchmark>/ holds each benchmark's README, "
+                    "as in the official sample tree (the official checker asks only for src/)",
+                )
             scenarios = {p.name for p in bench_dir.iterdir() if p.is_dir()}
             for unknown in sorted(scenarios - SCENARIO_DIRS):
                 report.fail(bench_dir / unknown, "structure", "not a scenario folder")
@@ -314,8 +438,11 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
             if desc is not None:
                 check_scenario_set(bench_dir, benchmark, rules, desc.get("system_type"), scenarios, report)
             reference_path = org / "documentation" / f"{bench_dir.name}_reference_accuracy.json"
-            reference = (_read_json(reference_path, report, "accuracy-reference")
-                         if division == "open" and reference_path.is_file() else None)
+            reference = (
+                _read_json(reference_path, report, "accuracy-reference")
+                if division == "open" and reference_path.is_file()
+                else None
+            )
             if reference is not None:
                 # A substituted model: 99% of its own reference scores, and its own EOS tokens.
                 targets = reference_targets(reference["scores"])
@@ -328,8 +455,12 @@ def check_submitter(org: Path, division: str, report: Report) -> int:
 
 def check_tree(root: Path, demo: bool = False) -> Report:
     report = Report(demo)
-    orgs = [(division, org) for division in ("closed", "open") for org in sorted((root / division).glob("*"))
-            if org.is_dir()]
+    orgs = [
+        (division, org)
+        for division in ("closed", "open")
+        for org in sorted((root / division).glob("*"))
+        if org.is_dir()
+    ]
     if not orgs:
         report.fail(root, "structure", "no closed/<submitter> or open/<submitter> folder")
     results = sum(check_submitter(org, division, report) for division, org in orgs)

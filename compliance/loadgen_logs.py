@@ -20,7 +20,7 @@ def read_detail_log(path: Path) -> tuple[dict, list[str]]:
     for line in Path(path).read_text().splitlines():
         if not line.startswith(MLLOG_MARKER):
             continue
-        entry = json.loads(line[len(MLLOG_MARKER):])
+        entry = json.loads(line[len(MLLOG_MARKER) :])
         values.setdefault(entry["key"], entry["value"])
         if entry.get("metadata", {}).get("is_error"):
             errors.append(f"{entry['key']}: {entry['value']}")

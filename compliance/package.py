@@ -39,8 +39,20 @@ from systems.schema import REPO, System, SystemConfigError
 # The official truncation step keeps the first and last 4 KiB of a results accuracy log.
 VIEWABLE_BYTES = 4096
 CUT_MARK = b"\n\n...\n\n"  # between the two kept ends
-SRC_ITEMS = ("sut", "kernels", "harness", "accuracy", "compliance", "systems", "measurements", "Makefile",
-             "pyproject.toml", "requirements.txt", "requirements-models.txt", "README.md")
+SRC_ITEMS = (
+    "sut",
+    "kernels",
+    "harness",
+    "accuracy",
+    "compliance",
+    "systems",
+    "measurements",
+    "Makefile",
+    "pyproject.toml",
+    "requirements.txt",
+    "requirements-models.txt",
+    "README.md",
+)
 
 
 class PackagingError(RuntimeError):
@@ -71,16 +83,20 @@ def check_runs(benchmark: str, settings: Path, logs: Path) -> None:
             raise PackagingError(f"{settings / name} is missing: the system's measurements folder needs it")
     try:
         complete_run(logs / "performance", needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt"))
-        complete_run(logs / "accuracy", needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt", "accuracy.txt",
-                                               "mlperf_log_accuracy.json"))
+        complete_run(
+            logs / "accuracy",
+            needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt", "accuracy.txt", "mlperf_log_accuracy.json"),
+        )
         if BENCHMARKS[benchmark].test06:
             complete_run(logs / "TEST06", needs=("mlperf_log_accuracy.json",))
     except RunFolderError as e:
         raise PackagingError(str(e)) from None
     scored = accuracy_log_hash((logs / "accuracy" / "accuracy.txt").read_text())
     if scored != sha256_of(logs / "accuracy" / "mlperf_log_accuracy.json"):
-        raise PackagingError(f"{logs / 'accuracy' / 'accuracy.txt'} was not computed from the accuracy log beside it "
-                             f"(its hash= line is {scored}): score the run again")
+        raise PackagingError(
+            f"{logs / 'accuracy' / 'accuracy.txt'} was not computed from the accuracy log beside it "
+            f"(its hash= line is {scored}): score the run again"
+        )
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -90,8 +106,7 @@ def _copy(src: Path, dst: Path) -> None:
     shutil.copy2(src, dst)
 
 
-def package_scenario(system: System, benchmark: str, scenario: str, settings: Path, logs: Path,
-                     out: Path) -> list[str]:
+def package_scenario(system: System, benchmark: str, scenario: str, settings: Path, logs: Path, out: Path) -> list[str]:
     """Fill `out` (results/<system>/<dir>/<Scenario>) from the scenario's measurements folder and
     run logs; return the TEST06 failures."""
     _copy(settings / "measurements.json", out / "measurements.json")
@@ -108,9 +123,11 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     if calibration is not None:
         with open(out / "README.md", "a") as f:
             method = calibration.get("method", "`python -m harness.calibrate`")
-            f.write(f"\n## The load of this run\n\nCalibrated on the machine that ran it ({method}, whose method its "
-                    f"docstring states): {calibration['summary']}. user.conf here is the committed one with that "
-                    "target_qps.\n")
+            f.write(
+                f"\n## The load of this run\n\nCalibrated on the machine that ran it ({method}, whose method its "
+                f"docstring states): {calibration['summary']}. user.conf here is the committed one with that "
+                "target_qps.\n"
+            )
     for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
         _copy(logs / "performance" / name, out / "performance" / "run_1" / name)
         _copy(logs / "accuracy" / name, out / "accuracy" / name)
@@ -131,14 +148,16 @@ def benchmark_readme(benchmark: str, name: str, system: System) -> str:
     """src/<name>/README.md: which code produced results/*/<name>/ and how to run it again."""
     model = f" with {name} substituted for its model (model_mapping.json)" if name != benchmark else ""
     modes = " | ".join(("performance", "accuracy", "TEST06"))
-    return (f"# {name}\n\nMLPerf benchmark `{benchmark}`{model}. The code is this src/ folder, shared by every "
-            f"benchmark (harness/ drives LoadGen, sut/ is the engine, accuracy/ and compliance/ score and check "
-            f"the runs); see src/README.md.\n\nReproduce one system's results (here `{system.name}`):\n\n```sh\n"
-            f"make setup models data\n"
-            f"python -m harness run --system {system.name} --benchmark {benchmark} --scenario SCENARIO --mode "
-            f"{{{modes}}}\n"
-            f"python -m compliance.package --system {system.name} --benchmarks {benchmark}\n"
-            f"# or all of it at once: make submission SYSTEM={system.name} BENCHMARKS={benchmark}\n```\n")
+    return (
+        f"# {name}\n\nMLPerf benchmark `{benchmark}`{model}. The code is this src/ folder, shared by every "
+        f"benchmark (harness/ drives LoadGen, sut/ is the engine, accuracy/ and compliance/ score and check "
+        f"the runs); see src/README.md.\n\nReproduce one system's results (here `{system.name}`):\n\n```sh\n"
+        f"make setup models data\n"
+        f"python -m harness run --system {system.name} --benchmark {benchmark} --scenario SCENARIO --mode "
+        f"{{{modes}}}\n"
+        f"python -m compliance.package --system {system.name} --benchmarks {benchmark}\n"
+        f"# or all of it at once: make submission SYSTEM={system.name} BENCHMARKS={benchmark}\n```\n"
+    )
 
 
 def speculation_notes(system: System, benchmarks: list[str], root: Path) -> str:
@@ -149,13 +168,16 @@ def speculation_notes(system: System, benchmarks: list[str], root: Path) -> str:
             path = root / "build" / "logs" / system.name / benchmark / scenario / "performance" / SPEC_METRICS_FILE
             if path.is_file():
                 spec = json.loads(path.read_text())
-                notes.append(f"{benchmark} {scenario}: speculative decoding with {spec['description']}, "
-                             f"acceptance rate {spec['acceptance_rate'] or 0:.3f}")
+                notes.append(
+                    f"{benchmark} {scenario}: speculative decoding with {spec['description']}, "
+                    f"acceptance rate {spec['acceptance_rate'] or 0:.3f}"
+                )
     return "; ".join(notes)
 
 
-def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
-            root: Path = REPO) -> tuple[Path, list[str]]:
+def package(
+    system_name: str, out: Path, benchmarks: list[str] | None = None, root: Path = REPO
+) -> tuple[Path, list[str]]:
     """Build the tree under `out` from `root`'s systems/, measurements/ and build/logs/ (`root` is
     the repository except in tests); return (the submitter folder, TEST06 failures). Packaging adds
     to a tree: another system's or benchmark's results and model_mapping.json entries stay; only the
@@ -175,9 +197,11 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
     if without:
         raise PackagingError(f"system {system.name!r} has no dataset, hence no runs, for {without}")
     if len(set(names.values())) < len(names):
-        raise PackagingError(f"system {system.name!r} substitutes one model_name {system.model_name!r} for the "
-                             f"benchmarks {sorted(names)}, whose results would share one folder: package them from "
-                             "one system each")
+        raise PackagingError(
+            f"system {system.name!r} substitutes one model_name {system.model_name!r} for the "
+            f"benchmarks {sorted(names)}, whose results would share one folder: package them from "
+            "one system each"
+        )
     mapping_path = org / "model_mapping.json"
     mapping = json.loads(mapping_path.read_text()) if mapping_path.is_file() else {}
     for benchmark, name in names.items():
@@ -215,7 +239,8 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
     (org / "documentation").mkdir(exist_ok=True)
     (org / "documentation" / "README.md").write_text(
         "Reproduce with the code in src/: `make submission SYSTEM=<system>` (see src/README.md, and "
-        "src/<benchmark>/README.md for each benchmark).\n")
+        "src/<benchmark>/README.md for each benchmark).\n"
+    )
     if mapping:
         mapping_path.write_text(json.dumps(mapping, indent=2, sort_keys=True) + "\n")
     failures = []
@@ -233,8 +258,9 @@ def package(system_name: str, out: Path, benchmarks: list[str] | None = None,
                 f.write(f"\n{name} {scenario} is left out: {calibration['summary']}\n")
             continue
         settings = root / "measurements" / system.name / benchmark / scenario
-        failures += [f"{results}: TEST06: {f}"
-                     for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
+        failures += [
+            f"{results}: TEST06: {f}" for f in package_scenario(system, benchmark, scenario, settings, logs, results)
+        ]
     return org, failures
 
 
@@ -243,8 +269,9 @@ def main() -> None:
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmarks", nargs="*")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
-    parser.add_argument("--root", type=Path, default=REPO,
-                        help="the folder holding systems/, measurements/ and build/logs/")
+    parser.add_argument(
+        "--root", type=Path, default=REPO, help="the folder holding systems/, measurements/ and build/logs/"
+    )
     args = parser.parse_args()
     try:
         org, failures = package(args.system, args.out, args.benchmarks, args.root)

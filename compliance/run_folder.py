@@ -25,11 +25,21 @@ from pathlib import Path
 STATUS_FILE = "run_status.json"
 # What a run writes: LoadGen's logs, and the harness's files beside them (harness/run.py). A folder
 # holding anything else is not a run's, and is never cleared.
-RUN_FILES = frozenset({
-    "mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "mlperf_log_trace.json",
-    "accuracy.txt", "run.json", "speculative_decoding.json", "user.conf", "machine.txt", STATUS_FILE,
-    f".{STATUS_FILE}.tmp",
-})
+RUN_FILES = frozenset(
+    {
+        "mlperf_log_summary.txt",
+        "mlperf_log_detail.txt",
+        "mlperf_log_accuracy.json",
+        "mlperf_log_trace.json",
+        "accuracy.txt",
+        "run.json",
+        "speculative_decoding.json",
+        "user.conf",
+        "machine.txt",
+        STATUS_FILE,
+        f".{STATUS_FILE}.tmp",
+    }
+)
 
 
 class RunFolderError(RuntimeError):
@@ -54,7 +64,7 @@ def sha256_of(path: Path) -> str:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 class FolderLock:
@@ -73,8 +83,9 @@ class FolderLock:
         except BlockingIOError:
             holder = os.read(fd, 200).decode(errors="replace").strip() or "another process"
             os.close(fd)
-            raise RunFolderError(f"{self.what} is in use by {holder}: wait for it to end, or use another "
-                                 "folder") from None
+            raise RunFolderError(
+                f"{self.what} is in use by {holder}: wait for it to end, or use another folder"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()} (since {_now()})\n".encode())
         self._fd = fd
@@ -128,15 +139,20 @@ class RunFolder:
         if folder.is_dir():
             foreign = sorted(p.name for p in folder.iterdir() if p.name not in RUN_FILES or not p.is_file())
             if foreign:
-                raise RunFolderError(f"log folder {folder} holds {', '.join(foreign[:3])}"
-                                     f"{' ...' if len(foreign) > 3 else ''}, which no run writes: it is not a run's "
-                                     "folder, and is left as it is (give --log-dir an empty or new folder)")
+                raise RunFolderError(
+                    f"log folder {folder} holds {', '.join(foreign[:3])}"
+                    f"{' ...' if len(foreign) > 3 else ''}, which no run writes: it is not a run's "
+                    "folder, and is left as it is (give --log-dir an empty or new folder)"
+                )
         self.lock.acquire()
         if folder.is_dir():
             earlier = read_status(folder)
             if any(folder.iterdir()):
-                self.replaced = (f"{earlier.get('status', 'unknown')}, from {earlier.get('started', 'an unknown time')}"
-                                 if earlier else "with no status")
+                self.replaced = (
+                    f"{earlier.get('status', 'unknown')}, from {earlier.get('started', 'an unknown time')}"
+                    if earlier
+                    else "with no status"
+                )
             for path in folder.iterdir():
                 path.unlink()
         folder.mkdir(parents=True, exist_ok=True)
@@ -145,8 +161,9 @@ class RunFolder:
     def complete(self, verdict: str) -> None:
         """Mark the run complete: STATUS_FILE, written last, holds the hash of every other file."""
         files = {p.name: sha256_of(p) for p in sorted(self.folder.iterdir()) if p.name != STATUS_FILE}
-        self._write({**read_status(self.folder), "status": "complete", "finished": _now(), "verdict": verdict,
-                     "files": files})
+        self._write(
+            {**read_status(self.folder), "status": "complete", "finished": _now(), "verdict": verdict, "files": files}
+        )
         self.lock.release()
 
     def fail(self, reason: str) -> None:
@@ -184,8 +201,10 @@ def complete_run(folder: Path, needs: tuple[str, ...] = ()) -> dict:
         elif state == "running" and lock_for(folder).held_elsewhere():
             why = f"its run (pid {status.get('pid')}, started {status.get('started')}) is still running"
         elif state == "running":
-            why = (f"its run (pid {status.get('pid')}, started {status.get('started')}) never finished: it was "
-                   "killed or crashed")
+            why = (
+                f"its run (pid {status.get('pid')}, started {status.get('started')}) never finished: it was "
+                "killed or crashed"
+            )
         else:
             why = f"its run failed: {status.get('reason', 'no reason recorded')}"
         raise RunFolderError(f"{folder} holds no complete run: {why}; run it again")
@@ -198,8 +217,10 @@ def complete_run(folder: Path, needs: tuple[str, ...] = ()) -> dict:
         if not path.is_file():
             raise RunFolderError(f"{path}: missing since its run completed: run it again")
         if sha256_of(path) != digest:
-            raise RunFolderError(f"{path}: changed since its run completed (its SHA-256 is not the one the run "
-                                 f"recorded in {STATUS_FILE}): run it again")
+            raise RunFolderError(
+                f"{path}: changed since its run completed (its SHA-256 is not the one the run "
+                f"recorded in {STATUS_FILE}): run it again"
+            )
     return status
 
 

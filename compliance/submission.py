@@ -71,7 +71,9 @@ def run_step(command: list[str]) -> None:
             child.wait()
         raise
     if child.wait():
-        raise ChainError(f"`python {' '.join(command[1:])}` failed: {reason or last or f'exit status {child.returncode}'}")
+        raise ChainError(
+            f"`python {' '.join(command[1:])}` failed: {reason or last or f'exit status {child.returncode}'}"
+        )
 
 
 def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[str] | None:
@@ -89,15 +91,28 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
     calibration.mkdir(parents=True, exist_ok=True)
     short_run = calibration / f"short-run-{len(list(calibration.glob('short-run-*'))) + 1}"
     shutil.move(logs / "performance", short_run)
-    (calibration / "user.conf").write_text(f"# target_qps set on this machine by compliance.submission "
-                                           f"(calibration.json beside this file)\n{text}")
-    summary = (f"Offline: a performance run at target_qps {detail['effective_target_qps']} finished in "
-               f"{detail['result_max_latency_ns'] / 1e9:.1f} s, under its min_duration of "
-               f"{detail['effective_min_duration_ms'] / 1e3:.0f} s, at {measured:.3f} samples/s; run again at "
-               f"target_qps {qps} ({OFFLINE_RATE_MARGIN} x that rate; its logs are in {short_run})")
-    (calibration / "calibration.json").write_text(json.dumps(
-        {"scenario": "Offline", "target_qps": qps, "measured_samples_per_s": measured, "summary": summary,
-         "method": "compliance.submission's offline_rate"}, indent=2) + "\n")
+    (calibration / "user.conf").write_text(
+        f"# target_qps set on this machine by compliance.submission (calibration.json beside this file)\n{text}"
+    )
+    summary = (
+        f"Offline: a performance run at target_qps {detail['effective_target_qps']} finished in "
+        f"{detail['result_max_latency_ns'] / 1e9:.1f} s, under its min_duration of "
+        f"{detail['effective_min_duration_ms'] / 1e3:.0f} s, at {measured:.3f} samples/s; run again at "
+        f"target_qps {qps} ({OFFLINE_RATE_MARGIN} x that rate; its logs are in {short_run})"
+    )
+    (calibration / "calibration.json").write_text(
+        json.dumps(
+            {
+                "scenario": "Offline",
+                "target_qps": qps,
+                "measured_samples_per_s": measured,
+                "summary": summary,
+                "method": "compliance.submission's offline_rate",
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     return ["--user-conf", str(calibration / "user.conf")]
 
 
@@ -116,12 +131,15 @@ def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | 
     minutes = predicted_minutes(user_conf, dataset_size)
     if elapsed_min + minutes <= DEMO_BUDGET_MIN:
         return None
-    return (f"its runs would take {minutes:.0f} min, past the demo's {DEMO_BUDGET_MIN}-min budget after "
-            f"{elapsed_min:.0f} min (Server covers the checker's one of Server and Interactive)")
+    return (
+        f"its runs would take {minutes:.0f} min, past the demo's {DEMO_BUDGET_MIN}-min budget after "
+        f"{elapsed_min:.0f} min (Server covers the checker's one of Server and Interactive)"
+    )
 
 
-def interactive_past_budget(committed_conf: str, dataset_size: int, server: dict, limits_ms: tuple[float, float],
-                            elapsed_min: float) -> str | None:
+def interactive_past_budget(
+    committed_conf: str, dataset_size: int, server: dict, limits_ms: tuple[float, float], elapsed_min: float
+) -> str | None:
     """Why a demo leaves out Interactive without calibrating it, or None. Its limits (`limits_ms`,
     TTFT and TPOT) are tighter than Server's in both, so it sustains at most Server's calibrated
     rate (`server`: Server's calibration): when its runs would overrun the budget even at that
@@ -129,11 +147,13 @@ def interactive_past_budget(committed_conf: str, dataset_size: int, server: dict
     calibration measured, against Interactive's limits."""
     conf = re.sub(r"\.target_qps\s*=\s*[\d.]+", f".target_qps = {server['target_qps']}", committed_conf)
     overrun = past_budget(conf, dataset_size, elapsed_min)
-    return overrun and (f"Interactive: left out: its tighter limits allow at most Server's {server['target_qps']:.3f} "
-                        f"QPS, at which {overrun}; not calibrated (Server's calibration measured the longest prompt "
-                        f"alone at {server['ttft_floor_ms']:.0f} ms to its first token and a decode step at batch 1 "
-                        f"at {server['tpot_floor_ms']:.1f} ms, against Interactive's {limits_ms[0]:.0f} / "
-                        f"{limits_ms[1]:.0f} ms limits)")
+    return overrun and (
+        f"Interactive: left out: its tighter limits allow at most Server's {server['target_qps']:.3f} "
+        f"QPS, at which {overrun}; not calibrated (Server's calibration measured the longest prompt "
+        f"alone at {server['ttft_floor_ms']:.0f} ms to its first token and a decode step at batch 1 "
+        f"at {server['tpot_floor_ms']:.1f} ms, against Interactive's {limits_ms[0]:.0f} / "
+        f"{limits_ms[1]:.0f} ms limits)"
+    )
 
 
 def _root_args(root: Path) -> list[str]:
@@ -146,26 +166,53 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     server = load_calibration(logs.parent / "Server")
     committed = root / "measurements" / system.name / benchmark / scenario / "user.conf"
     reason = None
-    if (system.demo and scenario == "Interactive" and server is not None and server["target_qps"] is not None
-            and committed.is_file()):  # without it, harness.calibrate below says what is missing
-        reason = interactive_past_budget(committed.read_text(), len(load_cnn_eval(system.datasets[benchmark])),
-                                         server, BENCHMARKS[benchmark].latency_limits_ms[scenario],
-                                         (time.time() - start) / 60)
+    if (
+        system.demo
+        and scenario == "Interactive"
+        and server is not None
+        and server["target_qps"] is not None
+        and committed.is_file()
+    ):  # without it, harness.calibrate below says what is missing
+        reason = interactive_past_budget(
+            committed.read_text(),
+            len(load_cnn_eval(system.datasets[benchmark])),
+            server,
+            BENCHMARKS[benchmark].latency_limits_ms[scenario],
+            (time.time() - start) / 60,
+        )
     if reason is not None:
         (logs / "calibration").mkdir(parents=True, exist_ok=True)
         (logs / "calibration" / "calibration.json").write_text(
-            json.dumps({"scenario": scenario, "target_qps": None, "reason": reason, "summary": reason}, indent=2) + "\n")
+            json.dumps({"scenario": scenario, "target_qps": None, "reason": reason, "summary": reason}, indent=2) + "\n"
+        )
         print(f"submission: {benchmark} {reason}", flush=True)
         return None
-    run_step([sys.executable, "-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark,
-              "--scenario", scenario, *_root_args(root)])
+    run_step(
+        [
+            sys.executable,
+            "-m",
+            "harness.calibrate",
+            "--system",
+            system.name,
+            "--benchmark",
+            benchmark,
+            "--scenario",
+            scenario,
+            *_root_args(root),
+        ]
+    )
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
-        overrun = past_budget((logs / "calibration" / "user.conf").read_text(),
-                              len(load_cnn_eval(system.datasets[benchmark])), (time.time() - start) / 60)
+        overrun = past_budget(
+            (logs / "calibration" / "user.conf").read_text(),
+            len(load_cnn_eval(system.datasets[benchmark])),
+            (time.time() - start) / 60,
+        )
         if overrun:
-            calibration["summary"] = (f"Interactive: left out: at its calibrated {calibration['target_qps']:.3f} QPS "
-                                      f"{overrun}; {calibration['summary']}")
+            calibration["summary"] = (
+                f"Interactive: left out: at its calibrated {calibration['target_qps']:.3f} QPS "
+                f"{overrun}; {calibration['summary']}"
+            )
             calibration["target_qps"] = None
             (logs / "calibration" / "calibration.json").write_text(json.dumps(calibration, indent=2) + "\n")
     if calibration["target_qps"] is None:
@@ -209,20 +256,42 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
             clear_build_folder(logs, build)  # no run or calibration of an earlier chain stays
             user_conf = []
             if scenario in LATENCY_SCENARIOS:
-                print(f"submission: {system_name} {benchmark} {scenario} calibration "
-                      f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
+                print(
+                    f"submission: {system_name} {benchmark} {scenario} calibration "
+                    f"({(time.time() - start) / 60:.1f} min so far)",
+                    flush=True,
+                )
                 user_conf = calibrate(system, benchmark, scenario, root, logs, start)
                 if user_conf is None:
                     continue
             for mode in MODES:
-                print(f"submission: {system_name} {benchmark} {scenario} {mode} "
-                      f"({(time.time() - start) / 60:.1f} min so far)", flush=True)
-                command = [sys.executable, "-m", "harness", "run", "--system", system_name, "--benchmark", benchmark,
-                           "--scenario", scenario, "--mode", mode, *_root_args(root)]
+                print(
+                    f"submission: {system_name} {benchmark} {scenario} {mode} "
+                    f"({(time.time() - start) / 60:.1f} min so far)",
+                    flush=True,
+                )
+                command = [
+                    sys.executable,
+                    "-m",
+                    "harness",
+                    "run",
+                    "--system",
+                    system_name,
+                    "--benchmark",
+                    benchmark,
+                    "--scenario",
+                    scenario,
+                    "--mode",
+                    mode,
+                    *_root_args(root),
+                ]
                 run_step(command + user_conf)
                 for _ in range(OFFLINE_RERUNS if scenario == "Offline" and mode == "performance" else 0):
-                    rerun = offline_rate(root / "measurements" / system_name / benchmark / scenario / "user.conf",
-                                         BENCHMARKS[benchmark].loadgen_name(scenario), logs)
+                    rerun = offline_rate(
+                        root / "measurements" / system_name / benchmark / scenario / "user.conf",
+                        BENCHMARKS[benchmark].loadgen_name(scenario),
+                        logs,
+                    )
                     if rerun is None:
                         break
                     user_conf = rerun
@@ -235,9 +304,11 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
     for line in report.errors + test06_failures:
         print(f"ERROR {line}")
     passed = not report.errors and not test06_failures
-    print(f"submission: tree {org} in {(time.time() - start) / 60:.1f} min; "
-          f"check{' --demo' if system.demo else ''}: {'PASS' if passed else 'FAIL'} "
-          f"({len(report.errors)} errors, {len(report.warnings)} warnings)")
+    print(
+        f"submission: tree {org} in {(time.time() - start) / 60:.1f} min; "
+        f"check{' --demo' if system.demo else ''}: {'PASS' if passed else 'FAIL'} "
+        f"({len(report.errors)} errors, {len(report.warnings)} warnings)"
+    )
     return passed
 
 
@@ -246,8 +317,12 @@ def main() -> None:
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmarks", nargs="*")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
-    parser.add_argument("--root", type=Path, default=REPO,
-                        help="the folder holding systems/ and measurements/; logs go to its build/logs/")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=REPO,
+        help="the folder holding systems/ and measurements/; logs go to its build/logs/",
+    )
     args = parser.parse_args()
     try:
         passed = chain(args.system, args.benchmarks, args.out, args.root)

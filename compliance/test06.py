@@ -21,8 +21,10 @@ def check_first_token(samples: list[dict]) -> str | None:
         first = s.get("token_data")
         if first is None:
             return f"qsl_idx {s['qsl_idx']}: no first-token response (token_data) was logged"
-        if s["data"][:len(first)] != first:
-            return f"qsl_idx {s['qsl_idx']}: first-token response {first} is not the start of the response {s['data'][:8]}"
+        if s["data"][: len(first)] != first:
+            return (
+                f"qsl_idx {s['qsl_idx']}: first-token response {first} is not the start of the response {s['data'][:8]}"
+            )
     return None
 
 
@@ -48,9 +50,12 @@ def verify(accuracy_log: Path, scenario: str, eos_ids: set[int]) -> tuple[str, l
     first = None if scenario == "Offline" else check_first_token(samples)
     eos, length = check_eos(samples, eos_ids), check_length(samples)
     failures += [f for f in (first, eos, length) if f]
-    lines = [f"First token check pass: {'Skipped' if scenario == 'Offline' else first is None}",
-             f"EOS check pass: {eos is None}", f"Sample length check pass: {length is None}",
-             "TEST06 verification " + ("complete" if not failures else "failed")]
+    lines = [
+        f"First token check pass: {'Skipped' if scenario == 'Offline' else first is None}",
+        f"EOS check pass: {eos is None}",
+        f"Sample length check pass: {length is None}",
+        "TEST06 verification " + ("complete" if not failures else "failed"),
+    ]
     return "\n".join(lines) + "\n", failures
 
 

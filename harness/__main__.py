@@ -22,17 +22,32 @@ def main() -> None:
     run_parser.add_argument("--benchmark", default="llama3.1-8b", help=f"one of {sorted(BENCHMARKS)}")
     run_parser.add_argument("--scenario", default="Offline", help=f"one of {sorted(SCENARIOS)}")
     run_parser.add_argument("--mode", default="performance", help=f"one of {sorted(MODES)}")
-    run_parser.add_argument("--user-conf", type=Path, help="LoadGen settings in place of the committed user.conf "
-                            "(e.g. the one harness.calibrate wrote for this machine)")
-    run_parser.add_argument("--root", type=Path, default=REPO,
-                            help="the folder holding systems/ and measurements/; logs go to its build/logs/")
-    run_parser.add_argument("--engine", help="engine settings over the system's for this run, as JSON "
-                            """(e.g. '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}')""")
+    run_parser.add_argument(
+        "--user-conf",
+        type=Path,
+        help="LoadGen settings in place of the committed user.conf "
+        "(e.g. the one harness.calibrate wrote for this machine)",
+    )
+    run_parser.add_argument(
+        "--root",
+        type=Path,
+        default=REPO,
+        help="the folder holding systems/ and measurements/; logs go to its build/logs/",
+    )
+    run_parser.add_argument(
+        "--engine",
+        help="engine settings over the system's for this run, as JSON "
+        """(e.g. '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}')""",
+    )
     run_parser.add_argument("--log-dir", type=Path, help="the run's logs here instead of under build/logs/")
-    run_parser.add_argument("--no-warmup", action="store_true",
-                            help="start LoadGen without the engine's warm-up (to measure what it saves)")
-    run_parser.add_argument("--log-responses", action="store_true",
-                            help="log every response in the accuracy log in performance mode too (the report's runs)")
+    run_parser.add_argument(
+        "--no-warmup", action="store_true", help="start LoadGen without the engine's warm-up (to measure what it saves)"
+    )
+    run_parser.add_argument(
+        "--log-responses",
+        action="store_true",
+        help="log every response in the accuracy log in performance mode too (the report's runs)",
+    )
     args = parser.parse_args()
     from harness.loadgen_sut import Interrupted
     from harness.run import RunFailed, run
@@ -43,8 +58,9 @@ def main() -> None:
     except json.JSONDecodeError as e:
         sys.exit(f"error: harness: --engine is not JSON: {e}")
     try:
-        cfg = RunConfig.resolve(args.system, args.benchmark, args.scenario, args.mode, args.root, args.user_conf,
-                                engine, args.log_dir)
+        cfg = RunConfig.resolve(
+            args.system, args.benchmark, args.scenario, args.mode, args.root, args.user_conf, engine, args.log_dir
+        )
         cfg.warmup, cfg.log_responses = not args.no_warmup, args.log_responses
         print(run(cfg))
     except RunFailed as e:

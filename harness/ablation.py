@@ -44,7 +44,9 @@ class Config:
     kind: str  # "ablation" or "sweep"
     target_qps: float
     engine: dict  # every engine setting of the run (over the system's)
-    in_sweep: bool = False  # a point of the load sweep (the sweep's own runs, and the ablation's run of the system's settings)
+    in_sweep: bool = (
+        False  # a point of the load sweep (the sweep's own runs, and the ablation's run of the system's settings)
+    )
 
 
 PRICES = ("price_per_hour", "price_per_accelerator_hour", "price_note")
@@ -67,13 +69,16 @@ def report_settings(system: System, benchmark: str) -> dict:
         settings["target_qps"] = settings["target_qps"][benchmark]
     if "price_per_accelerator_hour" in settings:
         if "price_per_hour" in settings:
-            raise HarnessConfigError(f"{where}: give price_per_hour (a machine's) or price_per_accelerator_hour, not both")
+            raise HarnessConfigError(
+                f"{where}: give price_per_hour (a machine's) or price_per_accelerator_hour, not both"
+            )
         description = json.loads(system.path.read_text())
         try:
             accelerators = int(description["accelerators_per_node"]) * int(description.get("number_of_nodes", 1))
         except (KeyError, ValueError) as e:
-            raise HarnessConfigError(f"{where}.price_per_accelerator_hour needs the description's accelerators_per_node "
-                                     f"({e!r})") from None
+            raise HarnessConfigError(
+                f"{where}.price_per_accelerator_hour needs the description's accelerators_per_node ({e!r})"
+            ) from None
         settings["price_per_hour"] = settings.pop("price_per_accelerator_hour") * accelerators
     for key in ("target_qps", "price_per_hour"):
         value = settings.get(key, 1)
@@ -100,55 +105,109 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
         exact = with_setting(exact, option["setting"], False)
     # Without chunking every sequence must fit one step (sut/engine.py refuses otherwise).
     longest = longest_prompt + BENCHMARKS[benchmark].max_new_tokens
-    unguarded = {**exact, **dict.fromkeys(GUARD), "max_model_len": longest,
-                 "max_num_batched_tokens": max(own.get("max_num_batched_tokens", 2048), longest)}
+    unguarded = {
+        **exact,
+        **dict.fromkeys(GUARD),
+        "max_model_len": longest,
+        "max_num_batched_tokens": max(own.get("max_num_batched_tokens", 2048), longest),
+    }
     rate = report["target_qps"]
     seqs = own.get("max_num_seqs", 64)
     guard = f", the TPOT guard at {own['tpot_target_ms']} ms" if own.get("tpot_target_ms") else ""
     configs = [
-        Config("01-static", "static batching", f"batches of up to {seqs} whole prompts, each run until its longest "
-               "row ends (the MLPerf reference SUT's)", None, "ablation", rate, {**unguarded, "static_batching": True}),
-        Config("02-continuous", "continuous batching", "requests join and leave the batch at every step (paged KV "
-               "cache), whole prompts", "static batching", "ablation", rate,
-               {**unguarded, "enable_chunked_prefill": False}),
-        Config("03-chunked", "chunked prefill" + (" + TPOT guard" if guard else ""),
-               f"prompts cut to the step budget of {exact.get('max_num_batched_tokens', 2048)} tokens{guard}",
-               "continuous batching", "ablation", rate, exact),
+        Config(
+            "01-static",
+            "static batching",
+            f"batches of up to {seqs} whole prompts, each run until its longest row ends (the MLPerf reference SUT's)",
+            None,
+            "ablation",
+            rate,
+            {**unguarded, "static_batching": True},
+        ),
+        Config(
+            "02-continuous",
+            "continuous batching",
+            "requests join and leave the batch at every step (paged KV cache), whole prompts",
+            "static batching",
+            "ablation",
+            rate,
+            {**unguarded, "enable_chunked_prefill": False},
+        ),
+        Config(
+            "03-chunked",
+            "chunked prefill" + (" + TPOT guard" if guard else ""),
+            f"prompts cut to the step budget of {exact.get('max_num_batched_tokens', 2048)} tokens{guard}",
+            "continuous batching",
+            "ablation",
+            rate,
+            exact,
+        ),
     ]
     chunked = configs[-1]
     for i, proposer in enumerate(report["proposers"], 1):
         if "model" in proposer:  # a draft's folder, written as the system file's model folders are
             proposer = {**proposer, "model": str(expand_path(proposer["model"]))}
-        name = {"ngram": "n-gram speculation", "draft_model": "draft-model speculation"}.get(proposer.get("method"),
-                                                                                              "speculation")
-        configs.append(Config(f"04-speculative-{i}", name, SpeculativeConfig.from_value(proposer).describe(),
-                              chunked.label, "ablation", rate, {**exact, "speculative_config": proposer}))
+        name = {"ngram": "n-gram speculation", "draft_model": "draft-model speculation"}.get(
+            proposer.get("method"), "speculation"
+        )
+        configs.append(
+            Config(
+                f"04-speculative-{i}",
+                name,
+                SpeculativeConfig.from_value(proposer).describe(),
+                chunked.label,
+                "ablation",
+                rate,
+                {**exact, "speculative_config": proposer},
+            )
+        )
     last = chunked
     for i, option in enumerate(report["numerics"], 1):
-        configs.append(Config(f"05-numerics-{i}", option["name"], f"engine setting {option['setting']} on",
-                              last.label, "ablation", rate, with_setting(last.engine, option["setting"], True)))
+        configs.append(
+            Config(
+                f"05-numerics-{i}",
+                option["name"],
+                f"engine setting {option['setting']} on",
+                last.label,
+                "ablation",
+                rate,
+                with_setting(last.engine, option["setting"], True),
+            )
+        )
         last = configs[-1]
     for multiple in report["sweep"]:
         qps = multiple * rate
         if multiple == 1 and last.engine == own:
             last.in_sweep = True  # the ablation's run of the system's own settings is this point
             continue
-        configs.append(Config(f"sweep-{qps:.3f}", f"system settings x{multiple:g}", f"{multiple:g}x the arrival rate",
-                              None, "sweep", qps, own, in_sweep=True))
+        configs.append(
+            Config(
+                f"sweep-{qps:.3f}",
+                f"system settings x{multiple:g}",
+                f"{multiple:g}x the arrival rate",
+                None,
+                "sweep",
+                qps,
+                own,
+                in_sweep=True,
+            )
+        )
     return configs
 
 
 def user_conf(loadgen_model: str, qps: float, samples: int) -> str:
     key = f"{loadgen_model}.{SCENARIO}"
-    return "\n".join([
-        "# harness.ablation: the report's run, every sample once (harness run --log-responses logs them all)",
-        f"{key}.target_qps = {qps:.4f}",
-        f"{key}.min_duration = 0",
-        f"{key}.min_query_count = {samples}",
-        f"{key}.performance_sample_count_override = {samples}",
-        f"{key}.sample_concatenate_permutation = 1",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# harness.ablation: the report's run, every sample once (harness run --log-responses logs them all)",
+            f"{key}.target_qps = {qps:.4f}",
+            f"{key}.min_duration = 0",
+            f"{key}.min_query_count = {samples}",
+            f"{key}.performance_sample_count_override = {samples}",
+            f"{key}.sample_concatenate_permutation = 1",
+            "",
+        ]
+    )
 
 
 def run_configurations(system_name: str, benchmark: str, runs_dir: Path, root: Path = REPO, log=print) -> list[Config]:
@@ -164,19 +223,52 @@ def run_configurations(system_name: str, benchmark: str, runs_dir: Path, root: P
         conf = runs_dir / f"{config.folder}.conf"
         conf.write_text(user_conf(BENCHMARKS[benchmark].loadgen_name(SCENARIO), config.target_qps, samples))
         RunConfig.resolve(system_name, benchmark, SCENARIO, "performance", root, conf, config.engine)
-    (runs_dir / PLAN).write_text(json.dumps({"system": system_name, "benchmark": benchmark, "samples": samples,
-                                             "configs": [asdict(c) for c in configs]}, indent=2) + "\n")
+    (runs_dir / PLAN).write_text(
+        json.dumps(
+            {
+                "system": system_name,
+                "benchmark": benchmark,
+                "samples": samples,
+                "configs": [asdict(c) for c in configs],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     start = time.perf_counter()
     for n, config in enumerate(configs, 1):
-        log(f"report: [{n}/{len(configs)}] {config.label} at {config.target_qps:.3f} QPS "
-            f"({(time.perf_counter() - start) / 60:.1f} min so far)")
-        command = [sys.executable, "-m", "harness", "run", "--system", system_name, "--benchmark", benchmark,
-                   "--scenario", SCENARIO, "--mode", "performance", "--root", str(root),
-                   "--user-conf", str(runs_dir / f"{config.folder}.conf"), "--engine", json.dumps(config.engine),
-                   "--log-dir", str(runs_dir / config.folder), "--log-responses"]
+        log(
+            f"report: [{n}/{len(configs)}] {config.label} at {config.target_qps:.3f} QPS "
+            f"({(time.perf_counter() - start) / 60:.1f} min so far)"
+        )
+        command = [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--system",
+            system_name,
+            "--benchmark",
+            benchmark,
+            "--scenario",
+            SCENARIO,
+            "--mode",
+            "performance",
+            "--root",
+            str(root),
+            "--user-conf",
+            str(runs_dir / f"{config.folder}.conf"),
+            "--engine",
+            json.dumps(config.engine),
+            "--log-dir",
+            str(runs_dir / config.folder),
+            "--log-responses",
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            errors = [line for line in done.stderr.splitlines() if line.startswith("error")] or done.stderr.splitlines()[-3:]
+            errors = [
+                line for line in done.stderr.splitlines() if line.startswith("error")
+            ] or done.stderr.splitlines()[-3:]
             raise HarnessConfigError(f"run {config.folder} ({config.label}) failed: {' '.join(errors)}")
         log(f"report:   {done.stdout.strip().splitlines()[-1]}")
     return configs

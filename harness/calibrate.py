@@ -79,8 +79,11 @@ class Probe:
     p99_tpot_ms: float
 
     def meets(self, ttft_limit_ms: float, tpot_limit_ms: float) -> bool:
-        return (self.completed == self.requests and self.max_ttft_ms < TTFT_TAIL_SHARE * ttft_limit_ms
-                and self.max_tpot_ms < TPOT_TAIL_SHARE * tpot_limit_ms)
+        return (
+            self.completed == self.requests
+            and self.max_ttft_ms < TTFT_TAIL_SHARE * ttft_limit_ms
+            and self.max_tpot_ms < TPOT_TAIL_SHARE * tpot_limit_ms
+        )
 
 
 @dataclass
@@ -97,16 +100,20 @@ class Calibration:
     reason: str = ""  # why the scenario is left out, when target_qps is None
 
     def summary(self) -> str:
-        floors = (f"floors: TTFT {self.ttft_floor_ms:.0f} ms (longest prompt alone), TPOT {self.tpot_floor_ms:.1f} ms "
-                  f"(decode at batch 1); limits {self.ttft_limit_ms:.0f} / {self.tpot_limit_ms:.0f} ms")
+        floors = (
+            f"floors: TTFT {self.ttft_floor_ms:.0f} ms (longest prompt alone), TPOT {self.tpot_floor_ms:.1f} ms "
+            f"(decode at batch 1); limits {self.ttft_limit_ms:.0f} / {self.tpot_limit_ms:.0f} ms"
+        )
         if self.target_qps is None:
             return f"{self.scenario}: left out: {self.reason} ({floors})"
         passed = [p for p in self.probes if p.qps == self.passed_qps]
-        return (f"{self.scenario}: target_qps {self.target_qps:.3f}, {RUN_SHARE:.0%} of {self.passed_qps:.3f}, at which "
-                f"LoadGen's hardest {passed[0].seconds:.0f} s replayed {len(passed)} times had slowest first tokens of "
-                f"{' / '.join(f'{p.max_ttft_ms:.0f}' for p in passed)} ms and TPOT of "
-                f"{' / '.join(f'{p.max_tpot_ms:.1f}' for p in passed)} ms (measured capacity {self.capacity_qps:.3f} QPS); "
-                f"{floors}")
+        return (
+            f"{self.scenario}: target_qps {self.target_qps:.3f}, {RUN_SHARE:.0%} of {self.passed_qps:.3f}, at which "
+            f"LoadGen's hardest {passed[0].seconds:.0f} s replayed {len(passed)} times had slowest first tokens of "
+            f"{' / '.join(f'{p.max_ttft_ms:.0f}' for p in passed)} ms and TPOT of "
+            f"{' / '.join(f'{p.max_tpot_ms:.1f}' for p in passed)} ms (measured capacity {self.capacity_qps:.3f} QPS); "
+            f"{floors}"
+        )
 
 
 def poisson_arrivals(qps: float, seconds: float, num_samples: int, seed: int = SEED) -> list[tuple[float, int]]:
@@ -119,8 +126,9 @@ def poisson_arrivals(qps: float, seconds: float, num_samples: int, seed: int = S
     return arrivals
 
 
-def replay(engine, prompts: list[list[int]], params, qps: float, arrivals: list[tuple[float, int]],
-           seconds: float) -> Probe:
+def replay(
+    engine, prompts: list[list[int]], params, qps: float, arrivals: list[tuple[float, int]], seconds: float
+) -> Probe:
     """`arrivals` (time, sample index) in real time, then the engine drains what arrived, stepped
     in this thread as the LoadGen harness does; latencies as LoadGen measures them (TTFT from the
     arrival, TPOT = (end - first token) / (tokens - 1)); `seconds` is the span the busy share is of."""
@@ -130,13 +138,18 @@ def replay(engine, prompts: list[list[int]], params, qps: float, arrivals: list[
     def on_token(i):
         def record(_token):
             first.setdefault(i, time.perf_counter() - start)
+
         return record
 
     while next_arrival < len(arrivals) or engine.has_unfinished():
         now = time.perf_counter() - start
         while next_arrival < len(arrivals) and arrivals[next_arrival][0] <= now:
-            engine.add_request(prompts[arrivals[next_arrival][1]], params, request_id=f"probe-{next_arrival}",
-                               on_token=on_token(next_arrival))
+            engine.add_request(
+                prompts[arrivals[next_arrival][1]],
+                params,
+                request_id=f"probe-{next_arrival}",
+                on_token=on_token(next_arrival),
+            )
             next_arrival += 1
         if not engine.has_unfinished():
             time.sleep(max(0.0, min(arrivals[next_arrival][0] - now, 0.05)))
@@ -150,8 +163,17 @@ def replay(engine, prompts: list[list[int]], params, qps: float, arrivals: list[
             busy += time.perf_counter() - step_start
     ttft = [(first[i] - arrivals[i][0]) * 1000 for i in done if i in first]
     tpot = [(done[i] - first[i]) * 1000 / (tokens[i] - 1) for i in done if i in first and tokens[i] > 1]
-    return Probe(qps, seconds, len(arrivals), len(done), busy / seconds, max(ttft, default=0.0),
-                 _p99(ttft), max(tpot, default=0.0), _p99(tpot))
+    return Probe(
+        qps,
+        seconds,
+        len(arrivals),
+        len(done),
+        busy / seconds,
+        max(ttft, default=0.0),
+        _p99(ttft),
+        max(tpot, default=0.0),
+        _p99(tpot),
+    )
 
 
 def loadgen_schedule(user_conf: Path, loadgen_model: str, num_samples: int) -> list[tuple[float, int]]:
@@ -177,17 +199,28 @@ def loadgen_schedule(user_conf: Path, loadgen_model: str, num_samples: int) -> l
         lg.QuerySamplesComplete(responses)
 
     sut = lg.ConstructSUT(issue, lambda: None)
-    qsl = lg.ConstructQSL(num_samples, min(num_samples, settings.performance_sample_count_override or num_samples),
-                          lambda _: None, lambda _: None)
+    qsl = lg.ConstructQSL(
+        num_samples,
+        min(num_samples, settings.performance_sample_count_override or num_samples),
+        lambda _: None,
+        lambda _: None,
+    )
     with tempfile.TemporaryDirectory() as out:
         log = lg.LogSettings()
         log.log_output.outdir, log.log_output.copy_summary_to_stdout = out, False
         lg.StartTestWithLogSettings(sut, qsl, settings, log, f"{out}/no-audit.config")
         lg.DestroyQSL(qsl)
         lg.DestroySUT(sut)
-        begins = [line for line in open(f"{out}/mlperf_log_trace.json") if '"name":"Sample"' in line and '"ph":"b"' in line]
-    arrivals = sorted((float(re.search(r'"ts":([\d.]+)', line).group(1)) / 1e6 * SCHEDULE_QPS,
-                       int(re.search(r'"sample_idx":(\d+)', line).group(1))) for line in begins)
+        begins = [
+            line for line in open(f"{out}/mlperf_log_trace.json") if '"name":"Sample"' in line and '"ph":"b"' in line
+        ]
+    arrivals = sorted(
+        (
+            float(re.search(r'"ts":([\d.]+)', line).group(1)) / 1e6 * SCHEDULE_QPS,
+            int(re.search(r'"sample_idx":(\d+)', line).group(1)),
+        )
+        for line in begins
+    )
     return [(t - arrivals[0][0], i) for t, i in arrivals]
 
 
@@ -218,16 +251,29 @@ def _floors(engine, prompts, params) -> tuple[float, float]:
     longest = max(prompts, key=len)
     arrived: list[float] = []
     start = time.perf_counter()
-    engine.add_request(longest, dataclasses.replace(params, max_tokens=9, ignore_eos=True), request_id="floor-ttft",
-                       on_token=lambda _t: arrived.append(time.perf_counter()))
+    engine.add_request(
+        longest,
+        dataclasses.replace(params, max_tokens=9, ignore_eos=True),
+        request_id="floor-ttft",
+        on_token=lambda _t: arrived.append(time.perf_counter()),
+    )
     while engine.has_unfinished():
         engine.step()
     gaps = [b - a for a, b in zip(arrived, arrived[1:])]
     return (arrived[0] - start) * 1000, statistics.median(gaps) * 1000
 
 
-def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limit_ms: float, tpot_limit_ms: float,
-              schedule: list[tuple[float, int]], probe_seconds: float = CAPACITY_SECONDS, log=print) -> Calibration:
+def calibrate(
+    engine,
+    prompts: list[list[int]],
+    params,
+    scenario: str,
+    ttft_limit_ms: float,
+    tpot_limit_ms: float,
+    schedule: list[tuple[float, int]],
+    probe_seconds: float = CAPACITY_SECONDS,
+    log=print,
+) -> Calibration:
     """`schedule`: LoadGen's (loadgen_schedule) arrivals at 1 QPS, whose hardest stretch is rehearsed."""
     warm = prompts[0][:16]
     engine.add_request(warm, params, request_id="warm-up")
@@ -237,11 +283,16 @@ def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limi
     cal = Calibration(scenario, ttft_limit_ms, tpot_limit_ms, ttft_floor, tpot_floor)
     log(f"calibrate {scenario}: TTFT floor {ttft_floor:.0f} ms, TPOT floor {tpot_floor:.1f} ms")
     if ttft_floor >= FLOOR_SHARE * ttft_limit_ms or tpot_floor >= FLOOR_SHARE * tpot_limit_ms:
-        which = (f"the longest prompt alone takes {ttft_floor:.0f} ms to its first token"
-                 if ttft_floor >= FLOOR_SHARE * ttft_limit_ms else f"a decode step at batch 1 takes {tpot_floor:.1f} ms")
+        which = (
+            f"the longest prompt alone takes {ttft_floor:.0f} ms to its first token"
+            if ttft_floor >= FLOOR_SHARE * ttft_limit_ms
+            else f"a decode step at batch 1 takes {tpot_floor:.1f} ms"
+        )
         limit = ttft_limit_ms if ttft_floor >= FLOOR_SHARE * ttft_limit_ms else tpot_limit_ms
-        cal.reason = (f"{which}, {FLOOR_SHARE:.0%} or more of the {limit:.0f} ms limit before any queueing, so no "
-                      "load meets the limits on this machine")
+        cal.reason = (
+            f"{which}, {FLOOR_SHARE:.0%} or more of the {limit:.0f} ms limit before any queueing, so no "
+            "load meets the limits on this machine"
+        )
         return cal
     # A crude upper bound on capacity: every request's prompt at the floor's rate, alone.
     mean_prompt = statistics.mean(map(len, prompts))
@@ -250,16 +301,20 @@ def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limi
     cal.probes.append(probe)
     cal.capacity_qps = rate / max(probe.busy_share, 1e-3)
     target = MARGIN * cal.capacity_qps
-    log(f"calibrate {scenario}: {rate:.3f} QPS kept the engine busy {probe.busy_share:.0%} of the time: "
-        f"capacity ~{cal.capacity_qps:.3f} QPS; rehearsing {target:.3f}")
+    log(
+        f"calibrate {scenario}: {rate:.3f} QPS kept the engine busy {probe.busy_share:.0%} of the time: "
+        f"capacity ~{cal.capacity_qps:.3f} QPS; rehearsing {target:.3f}"
+    )
     for _ in range(PROBES):
         arrivals = worst_window(schedule, prompts, target)
         for replay_number in range(1, REPLAYS + 1):
             probe = replay(engine, prompts, params, target, arrivals, sum(WINDOW_SECONDS))
             cal.probes.append(probe)
-            log(f"calibrate {scenario}: {target:.3f} QPS, LoadGen's hardest {sum(WINDOW_SECONDS):.0f} s, replay "
-                f"{replay_number}: {probe.completed}/{probe.requests} done, max TTFT {probe.max_ttft_ms:.0f} ms, max TPOT "
-                f"{probe.max_tpot_ms:.1f} ms")
+            log(
+                f"calibrate {scenario}: {target:.3f} QPS, LoadGen's hardest {sum(WINDOW_SECONDS):.0f} s, replay "
+                f"{replay_number}: {probe.completed}/{probe.requests} done, max TTFT {probe.max_ttft_ms:.0f} ms, "
+                f"max TPOT {probe.max_tpot_ms:.1f} ms"
+            )
             if not probe.meets(ttft_limit_ms, tpot_limit_ms):
                 break
         else:
@@ -267,9 +322,11 @@ def calibrate(engine, prompts: list[list[int]], params, scenario: str, ttft_limi
             return cal
         target *= PROBE_STEP
     last = cal.probes[-1]
-    cal.reason = (f"no rate kept LoadGen's hardest {sum(WINDOW_SECONDS):.0f} s, in {REPLAYS} replays, under "
-                  f"{TTFT_TAIL_SHARE:.0%} of the TTFT limit and {TPOT_TAIL_SHARE:.0%} of the TPOT limit (the last, "
-                  f"{last.qps:.3f} QPS: max TTFT {last.max_ttft_ms:.0f} ms, max TPOT {last.max_tpot_ms:.1f} ms)")
+    cal.reason = (
+        f"no rate kept LoadGen's hardest {sum(WINDOW_SECONDS):.0f} s, in {REPLAYS} replays, under "
+        f"{TTFT_TAIL_SHARE:.0%} of the TTFT limit and {TPOT_TAIL_SHARE:.0%} of the TPOT limit (the last, "
+        f"{last.qps:.3f} QPS: max TTFT {last.max_ttft_ms:.0f} ms, max TPOT {last.max_tpot_ms:.1f} ms)"
+    )
     return cal
 
 
@@ -294,21 +351,24 @@ def main() -> None:
         if args.scenario not in cfg.benchmark.latency_limits_ms:
             raise HarnessConfigError(f"{cfg.benchmark.name} has no {args.scenario} scenario (no TTFT/TPOT limits)")
         dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
-        engine = make_engine(cfg.system.model_for(cfg.benchmark.name),
-                             **cfg.system.engine_settings(args.scenario, cfg.benchmark.name))
+        engine = make_engine(
+            cfg.system.model_for(cfg.benchmark.name), **cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
+        )
     except (HarnessConfigError, DatasetError, SaafError) as e:
         sys.exit(f"error: calibrate: {e}")
     params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
     ttft_limit, tpot_limit = cfg.benchmark.latency_limits_ms[args.scenario]
     schedule = loadgen_schedule(cfg.user_conf, cfg.benchmark.loadgen_name(args.scenario), len(dataset))
-    cal = calibrate(engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit, schedule,
-                    args.probe_seconds)
+    cal = calibrate(
+        engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit, schedule, args.probe_seconds
+    )
     out = cfg.log_dir.parent / "calibration"
     out.mkdir(parents=True, exist_ok=True)
     (out / "calibration.json").write_text(json.dumps({**asdict(cal), "summary": cal.summary()}, indent=2) + "\n")
     if cal.target_qps is not None:
-        (out / "user.conf").write_text(calibrated_user_conf(cfg.user_conf, cfg.benchmark.loadgen_name(args.scenario),
-                                                            cal.target_qps))
+        (out / "user.conf").write_text(
+            calibrated_user_conf(cfg.user_conf, cfg.benchmark.loadgen_name(args.scenario), cal.target_qps)
+        )
     elif (out / "user.conf").exists():
         (out / "user.conf").unlink()
     print(f"calibrate: {cal.summary()}; in {out}")

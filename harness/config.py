@@ -29,16 +29,37 @@ SCENARIOS = {
     "SingleStream": lg.TestScenario.SingleStream,
 }
 # TEST06 is a performance run under the audit settings of compliance/TEST06.audit.config.
-MODES = {"performance": lg.TestMode.PerformanceOnly, "accuracy": lg.TestMode.AccuracyOnly,
-         "TEST06": lg.TestMode.PerformanceOnly}
+MODES = {
+    "performance": lg.TestMode.PerformanceOnly,
+    "accuracy": lg.TestMode.AccuracyOnly,
+    "TEST06": lg.TestMode.PerformanceOnly,
+}
 
 # user.conf keys LoadGen reads (test_settings_internal.cc); seeds come only from mlperf.conf.
 USER_CONF_KEYS = {
-    "target_qps", "target_latency", "target_latency_percentile", "min_duration", "max_duration", "min_query_count",
-    "max_query_count", "performance_sample_count_override", "accuracy_sample_count_override", "samples_per_query",
-    "max_async_queries", "coalesce_queries", "ttft_latency", "tpot_latency", "use_token_latencies",
-    "infer_token_latencies", "token_latency_scaling_factor", "sample_concatenate_permutation", "print_timestamps",
-    "mode", "accuracy_log_probability", "accuracy_log_sampling_target", "test05",
+    "target_qps",
+    "target_latency",
+    "target_latency_percentile",
+    "min_duration",
+    "max_duration",
+    "min_query_count",
+    "max_query_count",
+    "performance_sample_count_override",
+    "accuracy_sample_count_override",
+    "samples_per_query",
+    "max_async_queries",
+    "coalesce_queries",
+    "ttft_latency",
+    "tpot_latency",
+    "use_token_latencies",
+    "infer_token_latencies",
+    "token_latency_scaling_factor",
+    "sample_concatenate_permutation",
+    "print_timestamps",
+    "mode",
+    "accuracy_log_probability",
+    "accuracy_log_sampling_target",
+    "test05",
 }
 USER_CONF_LINE = re.compile(r"^\s*([\w.*-]+)\.([\w*]+)\.(\w+)\s*=\s*(\S+)\s*$")
 
@@ -85,8 +106,9 @@ def check_engine_settings(system: System, benchmark: str, scenario: str, overrid
     if error is None:
         return
     if overrides and check(own) is None:  # the file's settings alone are good: --engine's broke them
-        raise HarnessConfigError(f"--engine {json.dumps(overrides)}: over {system.path.name}'s settings for "
-                                 f"{benchmark} {scenario}: {error}")
+        raise HarnessConfigError(
+            f"--engine {json.dumps(overrides)}: over {system.path.name}'s settings for {benchmark} {scenario}: {error}"
+        )
     raise HarnessConfigError(f"{system.path}: saaf_harness engine settings for {benchmark} {scenario}: {error}")
 
 
@@ -98,23 +120,31 @@ def check_speculation_allowed(system: System, benchmark: Benchmark, scenario: st
         return
     allowed = ", ".join(f"{b.name} {s}" for b in ENTRIES for s in b.speculative_scenarios)
     if scenario not in benchmark.speculative_scenarios:
-        raise HarnessConfigError(f"{system.path}: the closed division allows speculative decoding only for {allowed} "
-                                 f"(with the reference's MTP/EAGLE head), but the engine settings for {benchmark.name} "
-                                 f"{scenario} set speculative_config; remove it, or submit in the open division")
-    raise HarnessConfigError(f"{system.path}: the closed division allows speculative decoding for {benchmark.name} "
-                             f"{scenario} only with the reference's MTP/EAGLE head, not with method "
-                             f"{spec.get('method')!r}")
+        raise HarnessConfigError(
+            f"{system.path}: the closed division allows speculative decoding only for {allowed} "
+            f"(with the reference's MTP/EAGLE head), but the engine settings for {benchmark.name} "
+            f"{scenario} set speculative_config; remove it, or submit in the open division"
+        )
+    raise HarnessConfigError(
+        f"{system.path}: the closed division allows speculative decoding for {benchmark.name} "
+        f"{scenario} only with the reference's MTP/EAGLE head, not with method "
+        f"{spec.get('method')!r}"
+    )
 
 
 def _check_reference(reference: Path, dataset: Path, system: str) -> None:
     """A recorded reference holds only for the dataset file it was recorded on."""
     if not reference.is_file():
-        raise HarnessConfigError(f"system {system!r} names accuracy reference {reference}, which does not exist "
-                                 "(record it with `python -m accuracy.reference_run`)")
+        raise HarnessConfigError(
+            f"system {system!r} names accuracy reference {reference}, which does not exist "
+            "(record it with `python -m accuracy.reference_run`)"
+        )
     expected = json.loads(reference.read_text()).get("dataset_sha256")
     if expected and dataset.is_file() and hashlib.sha256(dataset.read_bytes()).hexdigest() != expected:
-        raise HarnessConfigError(f"{dataset} is not the dataset accuracy reference {reference} was recorded on "
-                                 f"(SHA-256 {expected}); rebuild it (for the demo: `make data`)")
+        raise HarnessConfigError(
+            f"{dataset} is not the dataset accuracy reference {reference} was recorded on "
+            f"(SHA-256 {expected}); rebuild it (for the demo: `make data`)"
+        )
 
 
 @dataclass
@@ -130,9 +160,16 @@ class RunConfig:
     tokenizer: object = None  # the model's, loaded by `resolve` for an accuracy run (its scoring)
 
     @staticmethod
-    def resolve(system: str, benchmark: str, scenario: str, mode: str, root: Path = REPO,
-                user_conf: Path | None = None, engine: dict | None = None,
-                log_dir: Path | None = None) -> "RunConfig":
+    def resolve(
+        system: str,
+        benchmark: str,
+        scenario: str,
+        mode: str,
+        root: Path = REPO,
+        user_conf: Path | None = None,
+        engine: dict | None = None,
+        log_dir: Path | None = None,
+    ) -> "RunConfig":
         """`user_conf`: instead of the committed measurements/<system>/<benchmark>/<Scenario>/user.conf
         (harness.calibrate writes one for this machine). `engine`: settings over the system's for this
         run (one configuration of a comparison), checked like the file's; `log_dir`: instead of
@@ -148,7 +185,9 @@ class RunConfig:
         except SystemConfigError as e:
             raise HarnessConfigError(str(e)) from None
         if engine is not None and not isinstance(engine, dict):
-            raise HarnessConfigError(f"--engine: engine settings over the system's must be a JSON object, got {engine!r}")
+            raise HarnessConfigError(
+                f"--engine: engine settings over the system's must be a JSON object, got {engine!r}"
+            )
         check_engine_settings(sys_config, benchmark, scenario, engine)
         if engine is not None:
             sys_config.scenario_engine[scenario] = {**sys_config.scenario_engine.get(scenario, {}), **engine}

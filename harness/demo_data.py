@@ -22,8 +22,10 @@ from pathlib import Path
 BIGBENCH = "bigbench==1.0.0"
 BIGBENCH_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
 XSUM_MEMBER = "bigbench-1.0.0/bigbench/benchmark_tasks/gem/xsum/task.json"
-INSTRUCTION = ("Summarize the following news article in one sentence. Output the summary only, "
-               "without any other text.\n\nArticle:\n{article}")
+INSTRUCTION = (
+    "Summarize the following news article in one sentence. Output the summary only, "
+    "without any other text.\n\nArticle:\n{article}"
+)
 
 
 def download_xsum() -> list[dict]:
@@ -37,10 +39,12 @@ def download_xsum() -> list[dict]:
             return json.load(tar.extractfile(XSUM_MEMBER))["examples"]
 
 
-def build(examples: list[dict], tokenizer, num_samples: int, max_prompt_tokens: int,
-          min_sentences: int = 2) -> list[dict]:
+def build(
+    examples: list[dict], tokenizer, num_samples: int, max_prompt_tokens: int, min_sentences: int = 2
+) -> list[dict]:
     """The first `num_samples` articles, in dataset order, each cut to the most leading sentences
     (at least `min_sentences`) whose prompt fits in `max_prompt_tokens`."""
+
     def prompt(sentences: list[str]) -> tuple[str, list[int]]:
         messages = [{"role": "user", "content": INSTRUCTION.format(article="\n".join(sentences).strip())}]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -58,8 +62,9 @@ def build(examples: list[dict], tokenizer, num_samples: int, max_prompt_tokens: 
                 high = mid - 1
         if low >= min_sentences:
             text, ids = prompt(sentences[:low])
-            records.append({"input": text, "tok_input": ids, "output": example["target"].strip(),
-                            "id": example.get("comment", "")})
+            records.append(
+                {"input": text, "tok_input": ids, "output": example["target"].strip(), "id": example.get("comment", "")}
+            )
         if len(records) == num_samples:
             break
     return records
@@ -74,15 +79,18 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    records = build(download_xsum(), AutoTokenizer.from_pretrained(args.tokenizer), args.num_samples,
-                    args.max_prompt_tokens)
+    records = build(
+        download_xsum(), AutoTokenizer.from_pretrained(args.tokenizer), args.num_samples, args.max_prompt_tokens
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(records))
     tmp.replace(args.out)
     lengths = [len(r["tok_input"]) for r in records]
-    print(f"demo_data: {len(records)} XSum samples -> {args.out} (prompt tokens mean {sum(lengths) / len(lengths):.0f}, "
-          f"max {max(lengths)})")
+    print(
+        f"demo_data: {len(records)} XSum samples -> {args.out} (prompt tokens mean {sum(lengths) / len(lengths):.0f}, "
+        f"max {max(lengths)})"
+    )
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ import threading
 import mlperf_loadgen as lg
 import numpy as np
 
-from sut import LLMEngine, WorkerError, SamplingParams
+from sut import LLMEngine, SamplingParams, WorkerError
 
 
 class Interrupted(Exception):
@@ -77,8 +77,15 @@ def _complete(sample_id: int, tokens: list[int], first_token: bool = False) -> N
 class EngineSUT:
     """One adapter for every scenario; `stream_first_token` is on for Server and Interactive."""
 
-    def __init__(self, engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, stream_first_token: bool,
-                 on_complete=None, on_fatal=None):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        stream_first_token: bool,
+        on_complete=None,
+        on_fatal=None,
+    ):
         self.engine = engine
         self.on_complete = on_complete  # called with each finished output (a progress bar)
         self.prompts = prompts  # QSL index -> token ids
@@ -97,7 +104,9 @@ class EngineSUT:
         for sample in query_samples:
             on_token = self._first_token_reporter(sample.id) if self.stream_first_token else None
             try:
-                self.engine.add_request(self.prompts[sample.index], self.params, request_id=sample.id, on_token=on_token)
+                self.engine.add_request(
+                    self.prompts[sample.index], self.params, request_id=sample.id, on_token=on_token
+                )
             except Exception as e:  # refused up front: answer at once so LoadGen does not wait
                 self._record_error(f"sample {sample.index}: {e}")
                 _complete(sample.id, [])

@@ -49,8 +49,10 @@ def read_trusted_bytes(path: Path, trust_pickle: bool) -> tuple[bytes, str]:
     digest = file_sha256(data)
     if digest not in OFFICIAL_SHA256 and not trust_pickle:
         known = "no official SHA-256 is published" if not OFFICIAL_SHA256 else "it matches no official SHA-256"
-        raise DatasetError(f"{path}: SHA-256 {digest}: {known}, and unpickling runs code stored in the file, "
-                           "so it was not loaded; if you trust this file, convert it with --trust-pickle")
+        raise DatasetError(
+            f"{path}: SHA-256 {digest}: {known}, and unpickling runs code stored in the file, "
+            "so it was not loaded; if you trust this file, convert it with --trust-pickle"
+        )
     return data, digest
 
 
@@ -95,8 +97,9 @@ def frame_to_records(path: Path, frame) -> list[dict]:
     for i, (text, ids, output) in enumerate(zip(frame["input"], frame["tok_input"], frame["output"])):
         checked_ids = token_ids(ids)
         if checked_ids is None:
-            raise DatasetError(f"{path}: row {i} field 'tok_input' must be a non-empty list of token ids, "
-                               f"got {str(ids)[:80]}")
+            raise DatasetError(
+                f"{path}: row {i} field 'tok_input' must be a non-empty list of token ids, got {str(ids)[:80]}"
+            )
         for field, value in (("input", text), ("output", output)):
             if not isinstance(value, str):
                 raise DatasetError(f"{path}: row {i} field {field!r} must be a string, got {type(value).__name__}")
@@ -117,14 +120,18 @@ def convert(pickle_path: str | Path, out_path: str | Path, trust_pickle: bool = 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.openorca",
-                                     description="Convert the llama2-70b OpenOrca pickle into cnn_eval.json form.")
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.openorca", description="Convert the llama2-70b OpenOrca pickle into cnn_eval.json form."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     convert_parser = sub.add_parser("convert", help="pickle -> JSON, once")
     convert_parser.add_argument("--pickle", required=True, help="open_orca_gpt4_tokenized_llama.sampled_24576.pkl[.gz]")
     convert_parser.add_argument("--out", required=True, help="the JSON file to write")
-    convert_parser.add_argument("--trust-pickle", action="store_true",
-                                help="unpickle even though the file's SHA-256 is not a known official one")
+    convert_parser.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="unpickle even though the file's SHA-256 is not a known official one",
+    )
     args = parser.parse_args()
     try:
         print(convert(args.pickle, args.out, args.trust_pickle))

@@ -45,6 +45,7 @@ QUALITY_TARGET = 0.99
 @dataclass
 class Figures:
     """One run's numbers on the page."""
+
     label: str
     folder: str
     kind: str  # "ablation", "sweep", or "run" (a folder given with --logs)
@@ -79,13 +80,15 @@ def goodput(run: RunLogs, ttft_ms: float, tpot_ms: float) -> tuple[int, float] |
     length are unknown."""
     if not run.queries or run.duration_s is None or any(q.num_tokens is None for q in run.queries):
         return None
-    good = sum(1 for q in run.queries
-               if q.ttft_ns <= ttft_ms * 1e6 and (q.tpot_ns is None or q.tpot_ns <= tpot_ms * 1e6))
+    good = sum(
+        1 for q in run.queries if q.ttft_ns <= ttft_ms * 1e6 and (q.tpot_ns is None or q.tpot_ns <= tpot_ms * 1e6)
+    )
     return good, good / run.duration_s
 
 
-def cost_per_million(price_per_hour: float, duration_s: float, busy_s: dict, input_tokens: int,
-                     output_tokens: int) -> tuple[float, float, float]:
+def cost_per_million(
+    price_per_hour: float, duration_s: float, busy_s: dict, input_tokens: int, output_tokens: int
+) -> tuple[float, float, float]:
     """(prefill share, cost per million input tokens, per million output tokens)."""
     cost = price_per_hour * duration_s / 3600
     busy = busy_s["prefill_s"] + busy_s["decode_s"]
@@ -93,16 +96,36 @@ def cost_per_million(price_per_hour: float, duration_s: float, busy_s: dict, inp
     return share, cost * share / input_tokens * 1e6, cost * (1 - share) / output_tokens * 1e6
 
 
-def figures_for(run: RunLogs, label: str, kind: str, targets: tuple[float, float], price: float | None,
-                prompts: list[list[int]] | None, change: str = "", builds_on: str | None = None,
-                target_qps: float | None = None, in_sweep: bool = False) -> Figures:
+def figures_for(
+    run: RunLogs,
+    label: str,
+    kind: str,
+    targets: tuple[float, float],
+    price: float | None,
+    prompts: list[list[int]] | None,
+    change: str = "",
+    builds_on: str | None = None,
+    target_qps: float | None = None,
+    in_sweep: bool = False,
+) -> Figures:
     d = run.detail
-    fig = Figures(label, run.folder.name, kind, change, builds_on, target_qps or d.get("effective_target_qps"),
-                  d["result_query_count"],
-                  run.percentile_ms("ttft", "50.00"), run.percentile_ms("ttft", "99.00"),
-                  run.percentile_ms("tpot", "50.00"), run.percentile_ms("tpot", "99.00"),
-                  d.get("result_completed_tokens_per_second"), d.get("result_completed_samples_per_sec"),
-                  run.duration_s, in_sweep=in_sweep)
+    fig = Figures(
+        label,
+        run.folder.name,
+        kind,
+        change,
+        builds_on,
+        target_qps or d.get("effective_target_qps"),
+        d["result_query_count"],
+        run.percentile_ms("ttft", "50.00"),
+        run.percentile_ms("ttft", "99.00"),
+        run.percentile_ms("tpot", "50.00"),
+        run.percentile_ms("tpot", "99.00"),
+        d.get("result_completed_tokens_per_second"),
+        d.get("result_completed_samples_per_sec"),
+        run.duration_s,
+        in_sweep=in_sweep,
+    )
     fig.ttfts_ms = [q.ttft_ns / 1e6 for q in run.queries]
     fig.tpots_ms = [q.tpot_ns / 1e6 for q in run.queries if q.tpot_ns is not None]
     good = goodput(run, *targets)
@@ -114,7 +137,8 @@ def figures_for(run: RunLogs, label: str, kind: str, targets: tuple[float, float
     busy = run.record.get("busy_s")
     if price is not None and busy and fig.input_tokens and fig.output_tokens:
         fig.prefill_share, fig.cost_per_m_input, fig.cost_per_m_output = cost_per_million(
-            price, fig.duration_s, busy, fig.input_tokens, fig.output_tokens)
+            price, fig.duration_s, busy, fig.input_tokens, fig.output_tokens
+        )
     return fig
 
 
@@ -164,22 +188,36 @@ def find_runs(folders: list[Path]) -> list[tuple[Path, dict]]:
         order = {c["folder"]: i for i, c in enumerate(plan)}
         runs.sort(key=lambda p: (order.get(p.name, len(order)), str(p)))
         for path in runs:
-            entry = planned.get(path.name) or {"label": str(path.relative_to(top)) if path != top else path.name,
-                                               "kind": "run", "change": "", "builds_on": None, "target_qps": None}
+            entry = planned.get(path.name) or {
+                "label": str(path.relative_to(top)) if path != top else path.name,
+                "kind": "run",
+                "change": "",
+                "builds_on": None,
+                "target_qps": None,
+            }
             found.append((path, entry))
     return found
 
 
-def build(folders: list[Path], out: Path, targets: tuple[float, float] | None = None, price: float | None = None,
-          root: Path = REPO, log=print) -> dict:
+def build(
+    folders: list[Path],
+    out: Path,
+    targets: tuple[float, float] | None = None,
+    price: float | None = None,
+    root: Path = REPO,
+    log=print,
+) -> dict:
     """Read the runs, compute their figures, write the page and its Markdown; return the report's data."""
     from harness.report_page import write_page
 
     found = find_runs(folders)
     runs = [read_run(path) for path, _ in found]
     latency_runs = [(run, entry) for run, (_, entry) in zip(runs, found) if run.queries]
-    notes = [f"{run.folder}: a LoadGen {run.scenario or 'unknown'}-scenario run, left out (no per-query latencies)"
-             for run in runs if not run.queries]
+    notes = [
+        f"{run.folder}: a LoadGen {run.scenario or 'unknown'}-scenario run, left out (no per-query latencies)"
+        for run in runs
+        if not run.queries
+    ]
     if not latency_runs:
         raise RunLogError("no Server-scenario run among " + ", ".join(map(str, folders)) + ": nothing to report")
     record = next((run.record for run, _ in latency_runs if run.record), {})
@@ -203,26 +241,57 @@ def build(folders: list[Path], out: Path, targets: tuple[float, float] | None = 
             log(f"report: no input token counts or quality: {e}")
     unlogged = [entry["label"] for run, entry in latency_runs if any(q.num_tokens is None for q in run.queries)]
     if unlogged:
-        notes.append(f"{', '.join(unlogged)}: LoadGen's accuracy log lacks some responses (a submission's performance "
-                     "run logs none; the report's runs log all: harness run --log-responses), so goodput, cost "
-                     "and quality are not given")
-    figs = [figures_for(run, entry["label"], entry["kind"], targets, price, dataset and dataset.input_ids,
-                        entry.get("change", ""), entry.get("builds_on"), entry.get("target_qps"),
-                        entry.get("in_sweep", False))
-            for run, entry in latency_runs]
+        notes.append(
+            f"{', '.join(unlogged)}: LoadGen's accuracy log lacks some responses (a submission's performance "
+            "run logs none; the report's runs log all: harness run --log-responses), so goodput, cost "
+            "and quality are not given"
+        )
+    figs = [
+        figures_for(
+            run,
+            entry["label"],
+            entry["kind"],
+            targets,
+            price,
+            dataset and dataset.input_ids,
+            entry.get("change", ""),
+            entry.get("builds_on"),
+            entry.get("target_qps"),
+            entry.get("in_sweep", False),
+        )
+        for run, entry in latency_runs
+    ]
     if dataset is not None and record.get("model"):
         from transformers import AutoTokenizer
 
-        notes += add_quality(figs, [run for run, _ in latency_runs], dataset.references,
-                            AutoTokenizer.from_pretrained(record["model"]))
-    report = {"targets_ms": {"ttft": targets[0], "tpot": targets[1]}, "price_per_hour": price,
-              "price_note": price_note, "notes": notes, "figures": [asdict(f) for f in figs],
-              "runs": [{"folder": str(run.folder), "label": entry["label"], "record": run.record,
-                        "validity": run.detail.get("result_validity"),
-                        "loadgen": {k: run.detail.get(k) for k in ("effective_target_qps", "effective_min_query_count",
-                                                                    "effective_sample_concatenate_permutation")}}
-                       for run, entry in latency_runs],
-              "total_samples": len(dataset) if dataset is not None else None}
+        notes += add_quality(
+            figs, [run for run, _ in latency_runs], dataset.references, AutoTokenizer.from_pretrained(record["model"])
+        )
+    report = {
+        "targets_ms": {"ttft": targets[0], "tpot": targets[1]},
+        "price_per_hour": price,
+        "price_note": price_note,
+        "notes": notes,
+        "figures": [asdict(f) for f in figs],
+        "runs": [
+            {
+                "folder": str(run.folder),
+                "label": entry["label"],
+                "record": run.record,
+                "validity": run.detail.get("result_validity"),
+                "loadgen": {
+                    k: run.detail.get(k)
+                    for k in (
+                        "effective_target_qps",
+                        "effective_min_query_count",
+                        "effective_sample_concatenate_permutation",
+                    )
+                },
+            }
+            for run, entry in latency_runs
+        ],
+        "total_samples": len(dataset) if dataset is not None else None,
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     write_page(report, out)
@@ -237,8 +306,11 @@ def headline(report: dict) -> str:
     def fmt(f):
         def num(key, digits):
             return "n/a" if f[key] is None else f"{f[key]:.{digits}f}"
-        return (f"{f['label']}: p99 TTFT {num('ttft_p99_ms', 0)} ms, p99 TPOT {num('tpot_p99_ms', 1)} ms, "
-                f"goodput {num('goodput_qps', 3)} q/s")
+
+        return (
+            f"{f['label']}: p99 TTFT {num('ttft_p99_ms', 0)} ms, p99 TPOT {num('tpot_p99_ms', 1)} ms, "
+            f"goodput {num('goodput_qps', 3)} q/s"
+        )
 
     return f"{fmt(first)}; {fmt(last)}" if first is not last else fmt(first)
 
@@ -252,7 +324,9 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=REPO, help="the folder holding systems/ and measurements/")
     parser.add_argument("--ttft-ms", type=float, help="goodput's TTFT target (default: the benchmark's Server limit)")
     parser.add_argument("--tpot-ms", type=float, help="goodput's TPOT target (default: the benchmark's Server limit)")
-    parser.add_argument("--price-per-hour", type=float, help="per accelerator- or machine-hour (default: the system file's)")
+    parser.add_argument(
+        "--price-per-hour", type=float, help="per accelerator- or machine-hour (default: the system file's)"
+    )
     args = parser.parse_args()
     if (args.ttft_ms is None) != (args.tpot_ms is None):
         sys.exit("error: report: give both --ttft-ms and --tpot-ms, or neither")

@@ -12,11 +12,19 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from harness.report import QUALITY_METRICS, QUALITY_TARGET, __doc__ as METHOD  # noqa: E402
+from harness.report import QUALITY_METRICS, QUALITY_TARGET  # noqa: E402
+from harness.report import __doc__ as METHOD
 
 # Engine settings shown as the runs' limits where they are set.
-LIMITS = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "num_kv_blocks", "kv_cache_memory_gb",
-          "data_parallel_size", "tensor_parallel_size")
+LIMITS = (
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "num_kv_blocks",
+    "kv_cache_memory_gb",
+    "data_parallel_size",
+    "tensor_parallel_size",
+)
 
 
 def _num(value, digits: int = 1) -> str:
@@ -64,40 +72,136 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
     t = report["targets_ms"]
     price = report["price_per_hour"]
     headline = (
-        "headline", "Configurations",
-        ["configuration", "builds on", "change", "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)", "tokens/s",
-         f"goodput (q/s; TTFT <= {t['ttft']:g} ms, TPOT <= {t['tpot']:g} ms)", "$ / M input", "$ / M output",
-         "rouge1 (change)", "rougeL (change)", f">= {QUALITY_TARGET:.0%} of first"],
-        [[f["label"], f["builds_on"] or "", f["change"], _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
-          _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1), _num(f["tokens_per_s"]), _goodput(f),
-          _num(f["cost_per_m_input"], 4), _num(f["cost_per_m_output"], 4), _quality(f, "rouge1"),
-          _quality(f, "rougeL"), {True: "yes", False: "NO", None: "n/a"}[f["meets_quality_target"]]]
-         for f in ablation])
+        "headline",
+        "Configurations",
+        [
+            "configuration",
+            "builds on",
+            "change",
+            "TTFT p50 / p99 (ms)",
+            "TPOT p50 / p99 (ms)",
+            "tokens/s",
+            f"goodput (q/s; TTFT <= {t['ttft']:g} ms, TPOT <= {t['tpot']:g} ms)",
+            "$ / M input",
+            "$ / M output",
+            "rouge1 (change)",
+            "rougeL (change)",
+            f">= {QUALITY_TARGET:.0%} of first",
+        ],
+        [
+            [
+                f["label"],
+                f["builds_on"] or "",
+                f["change"],
+                _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
+                _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
+                _num(f["tokens_per_s"]),
+                _goodput(f),
+                _num(f["cost_per_m_input"], 4),
+                _num(f["cost_per_m_output"], 4),
+                _quality(f, "rouge1"),
+                _quality(f, "rougeL"),
+                {True: "yes", False: "NO", None: "n/a"}[f["meets_quality_target"]],
+            ]
+            for f in ablation
+        ],
+    )
     out = [headline]
     if len(sweep) > 1:
-        out.append(("sweep", "Load sweep (the system's own settings)",
-                    ["arrival rate (q/s)", "completed (q/s)", "tokens/s", "TTFT p50 / p99 (ms)", "TPOT p50 / p99 (ms)",
-                     "goodput (q/s)"],
-                    [[_num(f["target_qps"], 3), _num(f["completed_qps"], 3), _num(f["tokens_per_s"]),
-                      _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0), _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
-                      _goodput(f)] for f in sweep]))
-    out.append(("quality", "Quality of each run's own responses",
-                ["configuration", *QUALITY_METRICS, "tokens per sample"],
-                [[f["label"], *(_quality(f, m) for m in QUALITY_METRICS),
-                  _num(f["quality"].get("tokens_per_sample"))] for f in ablation]))
-    out.append(("cost", "Cost split" + (f" at {price:g} per hour" if price else " (no price given)"),
-                ["configuration", "run length (s)", "input tokens", "output tokens", "prefill share of busy time",
-                 "$ / M input", "$ / M output"],
-                [[f["label"], _num(f["duration_s"]), str(f["input_tokens"]), str(f["output_tokens"]),
-                  _num(f["prefill_share"], 3), _num(f["cost_per_m_input"], 4), _num(f["cost_per_m_output"], 4)]
-                 for f in figs]))
-    out.append(("runs", "Runs and their conditions",
-                ["run", "folder", "date", "commit", "queries", "target q/s", "LoadGen verdict", "engine limits",
-                 "engine settings"],
-                [[run["label"], run["folder"], run["record"].get("date", "unknown"), run["record"].get("commit", "unknown"),
-                  str(f["queries"]), _num(run["loadgen"]["effective_target_qps"], 3), run["validity"] or "",
-                  _limits(run["record"]), json.dumps(run["record"].get("engine", {}), sort_keys=True)]
-                 for run, f in zip(report["runs"], figs)]))
+        out.append(
+            (
+                "sweep",
+                "Load sweep (the system's own settings)",
+                [
+                    "arrival rate (q/s)",
+                    "completed (q/s)",
+                    "tokens/s",
+                    "TTFT p50 / p99 (ms)",
+                    "TPOT p50 / p99 (ms)",
+                    "goodput (q/s)",
+                ],
+                [
+                    [
+                        _num(f["target_qps"], 3),
+                        _num(f["completed_qps"], 3),
+                        _num(f["tokens_per_s"]),
+                        _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
+                        _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
+                        _goodput(f),
+                    ]
+                    for f in sweep
+                ],
+            )
+        )
+    out.append(
+        (
+            "quality",
+            "Quality of each run's own responses",
+            ["configuration", *QUALITY_METRICS, "tokens per sample"],
+            [
+                [f["label"], *(_quality(f, m) for m in QUALITY_METRICS), _num(f["quality"].get("tokens_per_sample"))]
+                for f in ablation
+            ],
+        )
+    )
+    out.append(
+        (
+            "cost",
+            "Cost split" + (f" at {price:g} per hour" if price else " (no price given)"),
+            [
+                "configuration",
+                "run length (s)",
+                "input tokens",
+                "output tokens",
+                "prefill share of busy time",
+                "$ / M input",
+                "$ / M output",
+            ],
+            [
+                [
+                    f["label"],
+                    _num(f["duration_s"]),
+                    str(f["input_tokens"]),
+                    str(f["output_tokens"]),
+                    _num(f["prefill_share"], 3),
+                    _num(f["cost_per_m_input"], 4),
+                    _num(f["cost_per_m_output"], 4),
+                ]
+                for f in figs
+            ],
+        )
+    )
+    out.append(
+        (
+            "runs",
+            "Runs and their conditions",
+            [
+                "run",
+                "folder",
+                "date",
+                "commit",
+                "queries",
+                "target q/s",
+                "LoadGen verdict",
+                "engine limits",
+                "engine settings",
+            ],
+            [
+                [
+                    run["label"],
+                    run["folder"],
+                    run["record"].get("date", "unknown"),
+                    run["record"].get("commit", "unknown"),
+                    str(f["queries"]),
+                    _num(run["loadgen"]["effective_target_qps"], 3),
+                    run["validity"] or "",
+                    _limits(run["record"]),
+                    json.dumps(run["record"].get("engine", {}), sort_keys=True),
+                ]
+                for run, f in zip(report["runs"], figs)
+            ],
+        )
+    )
     return out
 
 
@@ -122,13 +226,24 @@ def conditions(report: dict) -> list[tuple[str, str]]:
         ("dtype", shared("dtype")),
         ("hardware", shared("machine")),
         ("benchmark, scenario", f"{shared('benchmark')}, LoadGen {shared('scenario')}"),
-        ("dataset", f"{shared('dataset')}: {', '.join(map(str, queries))} of its {total if total else 'unknown'} samples, "
-                    "each issued once (equal issue), the same samples in every run"),
+        (
+            "dataset",
+            f"{shared('dataset')}: {', '.join(map(str, queries))} of its {total if total else 'unknown'} samples, "
+            "each issued once (equal issue), the same samples in every run",
+        ),
         ("latency targets", f"TTFT {report['targets_ms']['ttft']:g} ms, TPOT {report['targets_ms']['tpot']:g} ms"),
-        ("price", f"{report['price_per_hour']:g} per hour" + (f" ({report['price_note']})" if report["price_note"] else "")
-         if report["price_per_hour"] else "none given: no costs"),
-        ("date", " to ".join(sorted({dates[0], dates[-1]})) if (dates := sorted(r.get("date", "unknown") for r in records))
-         else "unknown"),
+        (
+            "price",
+            f"{report['price_per_hour']:g} per hour" + (f" ({report['price_note']})" if report["price_note"] else "")
+            if report["price_per_hour"]
+            else "none given: no costs",
+        ),
+        (
+            "date",
+            " to ".join(sorted({dates[0], dates[-1]}))
+            if (dates := sorted(r.get("date", "unknown") for r in records))
+            else "unknown",
+        ),
         ("commit", shared("commit")),
     ]
 
@@ -152,8 +267,9 @@ def plots(report: dict) -> dict[str, bytes]:
     out["latency_cdf"] = _png(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, name, target in zip(axes, ("ttft_p99_ms", "tpot_p99_ms"), ("p99 TTFT", "p99 TPOT"),
-                                     (t["ttft"], t["tpot"])):
+    for ax, key, name, target in zip(
+        axes, ("ttft_p99_ms", "tpot_p99_ms"), ("p99 TTFT", "p99 TPOT"), (t["ttft"], t["tpot"])
+    ):
         for f in ablation:
             if f["tokens_per_s"] is not None and f[key] is not None:
                 ax.scatter(f["tokens_per_s"], f[key], label=f["label"])
@@ -180,8 +296,12 @@ def plots(report: dict) -> dict[str, bytes]:
     for f in scored:
         ax.scatter(f["tokens_per_s"], f["quality"]["rouge1"], label=f["label"])
     if scored:
-        ax.axhline(QUALITY_TARGET * scored[0]["quality"]["rouge1"], color="gray", linestyle="--",
-                   label=f"{QUALITY_TARGET:.0%} of {scored[0]['label']}")
+        ax.axhline(
+            QUALITY_TARGET * scored[0]["quality"]["rouge1"],
+            color="gray",
+            linestyle="--",
+            label=f"{QUALITY_TARGET:.0%} of {scored[0]['label']}",
+        )
     _axis(ax, "throughput (tokens/s)", "rouge1", "Quality against speed")
     ax.legend(fontsize=7)
     out["quality_speed"] = _png(fig)
@@ -222,13 +342,18 @@ def write_page(report: dict, out: Path) -> None:
     body += ["</table>", "<h2>How each figure is computed</h2>", f"<pre>{e(method_text())}</pre>"]
     body += [f"<p class='note'>{e(n)}</p>" for n in report["notes"]]
     for table_id, caption, header, rows in tables(report):
-        body += [f"<h2>{e(caption)}</h2>", f"<table id='{table_id}'>",
-                 "<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>"]
+        body += [
+            f"<h2>{e(caption)}</h2>",
+            f"<table id='{table_id}'>",
+            "<tr>" + "".join(f"<th>{e(h)}</th>" for h in header) + "</tr>",
+        ]
         body += ["<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in rows]
         body.append("</table>")
     body.append("<h2>Plots</h2>")
-    body += [f"<img alt='{name}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
-             for name, data in images.items()]
+    body += [
+        f"<img alt='{name}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
+        for name, data in images.items()
+    ]
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} table{{border-collapse:collapse;margin:1em 0}}

@@ -44,16 +44,19 @@ def run(cfg: RunConfig) -> str:
     FromConfig, and a second run would silently lose those settings."""
     global _runs_in_this_process
     if _runs_in_this_process:
-        raise HarnessConfigError("one LoadGen run per process: LoadGen applies mlperf.conf only to the first "
-                                 "(start another `python -m harness run`)")
+        raise HarnessConfigError(
+            "one LoadGen run per process: LoadGen applies mlperf.conf only to the first "
+            "(start another `python -m harness run`)"
+        )
     _runs_in_this_process += 1
     # The inputs before the folder: a bad dataset must not cost the folder its earlier run.
     dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
     model = cfg.system.model_for(cfg.benchmark.name)
     check_token_ids(dataset, model)
     folder = RunFolder(cfg.log_dir)
-    folder.open({"system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario,
-                 "mode": cfg.mode})
+    folder.open(
+        {"system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario, "mode": cfg.mode}
+    )
     if folder.replaced:
         print(f"harness: {cfg.log_dir} held an earlier run ({folder.replaced}); this run replaces it", flush=True)
     try:
@@ -63,8 +66,9 @@ def run(cfg: RunConfig) -> str:
         raise Interrupted(f"{e}; the run is marked failed in {cfg.log_dir}") from None
     except KeyboardInterrupt:
         folder.fail("interrupted (Ctrl-C) before LoadGen started")
-        raise Interrupted(f"interrupted (Ctrl-C) before LoadGen started; the run is marked failed in "
-                          f"{cfg.log_dir}") from None
+        raise Interrupted(
+            f"interrupted (Ctrl-C) before LoadGen started; the run is marked failed in {cfg.log_dir}"
+        ) from None
     except BaseException as e:
         folder.fail(f"{type(e).__name__}: {e}")
         raise
@@ -106,8 +110,10 @@ def check_token_ids(dataset, model) -> None:
     for i, ids in enumerate(dataset.input_ids):
         high = int(np.max(ids))
         if high >= vocab:
-            raise HarnessConfigError(f"{dataset.path}: sample {i} has token id {high}, outside the vocabulary "
-                                     f"[0, {vocab}) of the model {model}: the dataset was tokenized for another model")
+            raise HarnessConfigError(
+                f"{dataset.path}: sample {i} has token id {high}, outside the vocabulary "
+                f"[0, {vocab}) of the model {model}: the dataset was tokenized for another model"
+            )
 
 
 def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: RunFolder) -> tuple[str, str | None]:
@@ -125,9 +131,11 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
     no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
     if no_room:
-        raise HarnessConfigError(f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
-                                 f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
-                                 "error for a response of fewer than 2 tokens")
+        raise HarnessConfigError(
+            f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
+            f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
+            "error for a response of fewer than 2 tokens"
+        )
     if cfg.warmup:  # first-use compilation and packing here, not in the first queries' latency
         print(f"warm-up: {engine.warmup():.1f} s before LoadGen starts", flush=True)
     shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
@@ -139,8 +147,14 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     log_settings.log_output.outdir = str(cfg.log_dir)
     log_settings.log_output.copy_summary_to_stdout = False
     bar = tqdm(desc=f"{cfg.scenario} {cfg.mode}", unit="sample")
-    sut = EngineSUT(engine, dataset.input_ids, params, stream_first_token=cfg.scenario != "Offline",
-                    on_complete=lambda out: bar.update(1), on_fatal=lambda error: _abandon(engine, error, folder))
+    sut = EngineSUT(
+        engine,
+        dataset.input_ids,
+        params,
+        stream_first_token=cfg.scenario != "Offline",
+        on_complete=lambda out: bar.update(1),
+        on_fatal=lambda error: _abandon(engine, error, folder),
+    )
     performance_count = min(len(dataset), settings.performance_sample_count_override or len(dataset))
     qsl = construct_qsl(len(dataset), performance_count)
     # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
@@ -156,29 +170,33 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
         print(f"failed request: {error}")
     if len(sut.errors) > MAX_ERRORS_SHOWN:
         print(f"failed request: ... and {len(sut.errors) - MAX_ERRORS_SHOWN} more")
-    failures = (f"{len(sut.errors)} of {sut.issued} requests failed (the first: {sut.errors[0]})" if sut.errors
-                else None)
+    failures = f"{len(sut.errors)} of {sut.issued} requests failed (the first: {sut.errors[0]})" if sut.errors else None
     write_run_record(cfg, engine, len(dataset))
     spec = engine.spec_stats()
     speculation = ""
     if spec is not None:  # beside LoadGen's logs; the packager names the proposer in the sw_notes
         (cfg.log_dir / SPEC_METRICS_FILE).write_text(json.dumps(spec, indent=2) + "\n")
-        speculation = (f"; speculation ({spec['description']}): acceptance {spec['acceptance_rate'] or 0:.3f}, "
-                       f"mean accepted length {spec['mean_accepted_length'] or 1:.2f}")
+        speculation = (
+            f"; speculation ({spec['description']}): acceptance {spec['acceptance_rate'] or 0:.3f}, "
+            f"mean accepted length {spec['mean_accepted_length'] or 1:.2f}"
+        )
     errors = f"{len(sut.errors)} of {sut.issued} requests failed" if sut.errors else "no errors"
     if cfg.mode == "accuracy":
         from accuracy.evaluate import evaluate_summarization
 
-        result = evaluate_summarization(cfg.log_dir / "mlperf_log_accuracy.json", dataset.references,
-                                        cfg.tokenizer, cfg.log_dir / "accuracy.txt")
+        result = evaluate_summarization(
+            cfg.log_dir / "mlperf_log_accuracy.json", dataset.references, cfg.tokenizer, cfg.log_dir / "accuracy.txt"
+        )
         reference = cfg.system.accuracy_reference
-        targets = (reference_targets(json.loads(reference.read_text())["scores"]) if reference
-                   else targets_for(cfg.benchmark.name))
+        targets = (
+            reference_targets(json.loads(reference.read_text())["scores"])
+            if reference
+            else targets_for(cfg.benchmark.name)
+        )
         misses = check_targets(targets, result) + ([errors] if sut.errors else [])
         verdict = "PASS" if not misses else "FAIL (" + "; ".join(misses) + ")"
         scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
-        return (f"{cfg.scenario} accuracy: {verdict}: {scores}; {errors}{speculation}; logs in {cfg.log_dir}",
-                failures)
+        return (f"{cfg.scenario} accuracy: {verdict}: {scores}; {errors}{speculation}; logs in {cfg.log_dir}", failures)
     detail, _ = read_detail_log(cfg.log_dir / "mlperf_log_detail.txt")
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns")
@@ -189,8 +207,11 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     verdict = validity(detail, cfg.mode)
     if sut.errors:  # LoadGen counts an error response as any other: its VALID is no result
         verdict = f"FAILED ({errors}; LoadGen said {verdict})"
-    return (f"{cfg.scenario} {cfg.mode}: {verdict}, {tokens_per_s:.1f} tokens/s{latency}; {errors}{speculation}; "
-            f"logs in {cfg.log_dir}", failures)
+    return (
+        f"{cfg.scenario} {cfg.mode}: {verdict}, {tokens_per_s:.1f} tokens/s{latency}; {errors}{speculation}; "
+        f"logs in {cfg.log_dir}",
+        failures,
+    )
 
 
 def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
@@ -199,13 +220,20 @@ def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
     from sut import machine_description
 
     record = {
-        "system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario, "mode": cfg.mode,
-        "model": str(cfg.system.model_for(cfg.benchmark.name)), "model_name": cfg.system.model_name,
+        "system": cfg.system.name,
+        "benchmark": cfg.benchmark.name,
+        "scenario": cfg.scenario,
+        "mode": cfg.mode,
+        "model": str(cfg.system.model_for(cfg.benchmark.name)),
+        "model_name": cfg.system.model_name,
         "dtype": str(engine.dtype).removeprefix("torch."),
-        "engine": cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name), "max_model_len": engine.max_model_len,
-        "dataset": str(cfg.system.datasets[cfg.benchmark.name]), "dataset_samples": num_samples,
-        "machine": machine_description(), "commit": _commit(),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "engine": cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name),
+        "max_model_len": engine.max_model_len,
+        "dataset": str(cfg.system.datasets[cfg.benchmark.name]),
+        "dataset_samples": num_samples,
+        "machine": machine_description(),
+        "commit": _commit(),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "busy_s": engine.busy_stats(),
     }
     (cfg.log_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
@@ -213,8 +241,9 @@ def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
 
 def _commit() -> str:
     try:
-        done = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True,
-                              timeout=10)
+        done = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return "unknown"
     return done.stdout.strip() if done.returncode == 0 else "unknown"

@@ -20,10 +20,14 @@ from compliance.loadgen_logs import RUN_RECORD, read_detail_log
 from compliance.run_folder import RunFolderError, complete_run
 
 DETAIL_LOG = "mlperf_log_detail.txt"
-SAMPLE_EVENT = re.compile(r'^\{"name":"Sample","cat":"default","ph":"b",.*"ts":([0-9.]+),"args":\{"sample_seq":(\d+),'
-                          r'"query_seq":\d+,"sample_idx":(\d+),"issue_start_ns":(\d+),"complete_ns":(\d+)\}')
-FIRST_TOKEN_EVENT = re.compile(r'^\{"name":"Token_Latency","ph": ?"C",.*"ts":([0-9.]+),"args":\{ ?"issue_delay":(\d+),'
-                               r'"issue_to_done":(\d+)\}')
+SAMPLE_EVENT = re.compile(
+    r'^\{"name":"Sample","cat":"default","ph":"b",.*"ts":([0-9.]+),"args":\{"sample_seq":(\d+),'
+    r'"query_seq":\d+,"sample_idx":(\d+),"issue_start_ns":(\d+),"complete_ns":(\d+)\}'
+)
+FIRST_TOKEN_EVENT = re.compile(
+    r'^\{"name":"Token_Latency","ph": ?"C",.*"ts":([0-9.]+),"args":\{ ?"issue_delay":(\d+),'
+    r'"issue_to_done":(\d+)\}'
+)
 
 
 class RunLogError(ValueError):
@@ -68,8 +72,11 @@ class RunLogs:
     def percentile_ms(self, kind: str, percentile: str) -> float | None:
         """LoadGen's own percentile ("50.00", "99.00", ...) of "ttft" or "tpot", in ms (None where
         LoadGen computed none: accuracy mode)."""
-        key = (f"result_first_token_{percentile}_percentile_latency_ns" if kind == "ttft"
-               else f"result_time_per_output_token_{percentile}_percentile_ns")
+        key = (
+            f"result_first_token_{percentile}_percentile_latency_ns"
+            if kind == "ttft"
+            else f"result_time_per_output_token_{percentile}_percentile_ns"
+        )
         return self.detail[key] / 1e6 if key in self.detail else None
 
 
@@ -106,7 +113,9 @@ def read_queries(folder: Path) -> list[Query]:
                 if match:
                     ts, seq, idx, _, done = match.groups()
                     if ts in samples:
-                        raise RunLogError(f"{trace}: two queries scheduled at {ts} us: their first tokens cannot be paired")
+                        raise RunLogError(
+                            f"{trace}: two queries scheduled at {ts} us: their first tokens cannot be paired"
+                        )
                     samples[ts] = (int(seq), int(idx), int(done))
             elif line.startswith('{"name":"Token_Latency"'):
                 match = FIRST_TOKEN_EVENT.match(line)
@@ -115,8 +124,10 @@ def read_queries(folder: Path) -> list[Query]:
     missing = sorted(set(samples) - set(first_tokens))
     if missing:
         raise RunLogError(f"{trace}: {len(missing)} queries have no first-token event (the first at {missing[0]} us)")
-    queries = sorted((Query(seq, idx, first_tokens[ts], latency) for ts, (seq, idx, latency) in samples.items()),
-                     key=lambda q: q.sample_seq)
+    queries = sorted(
+        (Query(seq, idx, first_tokens[ts], latency) for ts, (seq, idx, latency) in samples.items()),
+        key=lambda q: q.sample_seq,
+    )
     accuracy_log = folder / "mlperf_log_accuracy.json"
     if accuracy_log.is_file():
         by_seq = {q.sample_seq: q for q in queries}

@@ -12,8 +12,8 @@ handed in by the runner) or, without one, TORCH_OPS. The engine's `kernels` sett
 Triton or torch; on CPU the Triton kernels run only in Triton's interpreter (TRITON_INTERPRET=1,
 which is for tests). Requests and LoadGen are unknown here: ops take tensors."""
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from kernels.activation import silu_and_mul_reference
 from kernels.attention import AttentionMetadata, paged_attention, paged_attention_triton
@@ -36,11 +36,26 @@ class KernelOps:
     rejection_sample: Callable = rejection_sample_reference  # the verifier of speculative decoding (see its module)
 
 
-TORCH_OPS = KernelOps("torch", rms_norm_reference, add_rms_norm_reference, rotary_reference, store_kvcache_reference,
-                      paged_attention, silu_and_mul_reference)
+TORCH_OPS = KernelOps(
+    "torch",
+    rms_norm_reference,
+    add_rms_norm_reference,
+    rotary_reference,
+    store_kvcache_reference,
+    paged_attention,
+    silu_and_mul_reference,
+)
 # silu_and_mul on CUDA: torch's two elementwise kernels (no Triton kernel of ours yet)
-TRITON_OPS = KernelOps("triton", rms_norm_triton, add_rms_norm_triton, rotary_triton, store_kvcache_triton,
-                       paged_attention_triton, silu_and_mul_reference, rejection_sample_triton)
+TRITON_OPS = KernelOps(
+    "triton",
+    rms_norm_triton,
+    add_rms_norm_triton,
+    rotary_triton,
+    store_kvcache_triton,
+    paged_attention_triton,
+    silu_and_mul_reference,
+    rejection_sample_triton,
+)
 
 KERNEL_SETTINGS = ("auto", "triton", "torch")
 
@@ -54,13 +69,23 @@ def select_ops(device_type: str, setting: str = "auto", cpu_ops: KernelOps | Non
     if setting == "triton" or (setting == "auto" and device_type == "cuda"):
         # Off CUDA, Triton runs only in its interpreter: that is for tests, far too slow to serve.
         if device_type != "cuda" and not interpreting():
-            raise ValueError("kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 (Triton's interpreter, "
-                             "for tests) set before kernels is imported")
+            raise ValueError(
+                "kernels='triton' needs a CUDA device, or TRITON_INTERPRET=1 (Triton's interpreter, "
+                "for tests) set before kernels is imported"
+            )
         return TRITON_OPS
     if setting == "auto" and device_type == "cpu" and cpu_ops is not None:
         return cpu_ops
     return TORCH_OPS
 
 
-__all__ = ["AttentionMetadata", "KernelOps", "TORCH_OPS", "TRITON_OPS", "paged_attention", "rejection_sample_reference",
-           "rejection_sample_triton", "select_ops"]
+__all__ = [
+    "AttentionMetadata",
+    "KernelOps",
+    "TORCH_OPS",
+    "TRITON_OPS",
+    "paged_attention",
+    "rejection_sample_reference",
+    "rejection_sample_triton",
+    "select_ops",
+]

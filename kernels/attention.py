@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from kernels.decode_attention import decode_attention_triton
 from kernels.prefill_attention import prefill_attention_triton
 
-
 DECODE_GROUP = 8  # decodes per attention call in the CPU reference (see _plan)
 
 
@@ -44,13 +43,21 @@ class AttentionMetadata:
         self.max_seq_len = max(self.seq_lens_host, default=0)
         n = len(self.query_lens_host)
         self.num_decodes = next((i for i, q in enumerate(self.query_lens_host) if q != 1), n)
-        self.max_decode_seq_len = max(self.seq_lens_host[:self.num_decodes], default=0)
+        self.max_decode_seq_len = max(self.seq_lens_host[: self.num_decodes], default=0)
         mixed = 0 < self.num_decodes < n
-        self.rest_cu_seqlens_q = self.cu_seqlens_q[self.num_decodes:] - self.num_decodes if mixed else None
+        self.rest_cu_seqlens_q = self.cu_seqlens_q[self.num_decodes :] - self.num_decodes if mixed else None
 
 
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float, decode_kernel=None) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    decode_kernel=None,
+) -> torch.Tensor:
     """Causal attention of `q [num_tokens, num_heads, head_dim]` over each sequence's cached K/V.
 
     `k`, `v` are this step's new keys and values (already stored in the cache); a sequence with no
@@ -68,30 +75,47 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
             continue
         if isinstance(item, _DecodeGroup):
             n = len(item.q_rows)
-            keys = _gather_blocks(k_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, :item.max_len]
-            values = _gather_blocks(v_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, :item.max_len]
+            keys = _gather_blocks(k_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, : item.max_len]
+            values = _gather_blocks(v_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, : item.max_len]
             # GQA without copying K/V per query head: the query heads sharing a KV head become
             # that head's "query tokens" (kv head j serves query heads j*group .. (j+1)*group-1).
-            o = F.scaled_dot_product_attention(q[item.q_rows].view(n, kv_heads, -1, head_dim), keys.transpose(1, 2),
-                                               values.transpose(1, 2), attn_mask=item.mask, scale=scale)
+            o = F.scaled_dot_product_attention(
+                q[item.q_rows].view(n, kv_heads, -1, head_dim),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=item.mask,
+                scale=scale,
+            )
             out[item.q_rows] = o.reshape(n, -1, head_dim)
             continue
         if item.blocks is None:
-            keys, values = k[item.start:item.end], v[item.start:item.end]
+            keys, values = k[item.start : item.end], v[item.start : item.end]
         else:
-            keys = _gather_blocks(k_cache, item.blocks)[:item.seq_len]
-            values = _gather_blocks(v_cache, item.blocks)[:item.seq_len]
+            keys = _gather_blocks(k_cache, item.blocks)[: item.seq_len]
+            values = _gather_blocks(v_cache, item.blocks)[: item.seq_len]
         # SDPA wants heads before tokens: [1, heads, tokens, head_dim].
         o = F.scaled_dot_product_attention(
-            q[item.start:item.end].transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-            attn_mask=item.mask, is_causal=item.causal, scale=scale, enable_gqa=True,
+            q[item.start : item.end].transpose(0, 1)[None],
+            keys.transpose(0, 1)[None],
+            values.transpose(0, 1)[None],
+            attn_mask=item.mask,
+            is_causal=item.causal,
+            scale=scale,
+            enable_gqa=True,
         )
-        out[item.start:item.end] = o[0].transpose(0, 1)
+        out[item.start : item.end] = o[0].transpose(0, 1)
     return out
 
 
-def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
-                           v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def paged_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
     """`paged_attention` on the Triton kernels, split by row kind: the step's leading one-token
     queries (the scheduler puts plain decodes first) on the decode kernel (split-K over long
     contexts), the rest (prompts, chunks, verifications) on the prefill kernel, where a decode
@@ -101,13 +125,14 @@ def paged_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_
     if d == n:
         return decode_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, scale, meta.max_seq_len)
     if d == 0:
-        return prefill_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens,
-                                        scale)
+        return prefill_attention_triton(q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale)
     out = torch.empty_like(q)
-    decode_attention_triton(q[:d], k_cache, v_cache, meta.block_tables[:d], meta.seq_lens[:d], scale,
-                            meta.max_decode_seq_len, out=out[:d])
-    prefill_attention_triton(q[d:], k_cache, v_cache, meta.block_tables[d:], meta.rest_cu_seqlens_q,
-                             meta.seq_lens[d:], scale, out=out[d:])
+    decode_attention_triton(
+        q[:d], k_cache, v_cache, meta.block_tables[:d], meta.seq_lens[:d], scale, meta.max_decode_seq_len, out=out[:d]
+    )
+    prefill_attention_triton(
+        q[d:], k_cache, v_cache, meta.block_tables[d:], meta.rest_cu_seqlens_q, meta.seq_lens[d:], scale, out=out[d:]
+    )
     return out
 
 
@@ -140,19 +165,29 @@ def _plan(meta: AttentionMetadata, block_size: int, device, group_size: int | No
     stays small enough to be read back from cache, ~5x faster on CPU than one call for all), other
     sequences one by one."""
     plan: list = []
-    decodes = [i for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
-               if q_len == 1 and seq_len > 1]
+    decodes = [
+        i
+        for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host))
+        if q_len == 1 and seq_len > 1
+    ]
     # Grouped by length: a group gathers and attends over its longest context.
     decodes.sort(key=lambda i: meta.seq_lens_host[i])
     group_size = group_size or max(len(decodes), 1)
     for g in range(0, len(decodes), group_size):
-        group = decodes[g:g + group_size]
+        group = decodes[g : g + group_size]
         rows = torch.tensor(group, device=device)
         max_len = max(meta.seq_lens_host[i] for i in group)
         tables = meta.block_tables[rows, : -(-max_len // block_size)].contiguous()
         mask = torch.arange(max_len, device=device)[None, :] < meta.seq_lens[rows][:, None]
-        plan.append(_DecodeGroup(meta.cu_seqlens_q[rows].long(), tables, meta.seq_lens[rows].contiguous(), max_len,
-                                 mask[:, None, None, :]))
+        plan.append(
+            _DecodeGroup(
+                meta.cu_seqlens_q[rows].long(),
+                tables,
+                meta.seq_lens[rows].contiguous(),
+                max_len,
+                mask[:, None, None, :],
+            )
+        )
     start = 0
     decodes = set(decodes)
     for i, (q_len, seq_len) in enumerate(zip(meta.query_lens_host, meta.seq_lens_host)):

@@ -42,8 +42,15 @@ def _randn(generator: torch.Generator, *shape, dtype: torch.dtype, device) -> to
     return torch.randn(*shape, generator=generator).to(device=device, dtype=dtype)
 
 
-def random_paged_cache(seq_lens: list[int], num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-                       device, generator: torch.Generator):
+def random_paged_cache(
+    seq_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    generator: torch.Generator,
+):
     """K and V caches `[num_blocks, block_size, num_kv_heads, head_dim]` of random values and block
     tables that scatter each sequence's blocks over the pool in random order (plus spare blocks no
     one owns, and a zero-padded last column as the engine pads its tables)."""
@@ -53,7 +60,7 @@ def random_paged_cache(seq_lens: list[int], num_kv_heads: int, head_dim: int, bl
     block_tables = torch.zeros(len(seq_lens), max(blocks_per_seq) + 1, dtype=torch.int32)
     taken = 0
     for i, n in enumerate(blocks_per_seq):
-        block_tables[i, :n] = torch.tensor(order[taken:taken + n], dtype=torch.int32)
+        block_tables[i, :n] = torch.tensor(order[taken : taken + n], dtype=torch.int32)
         taken += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = _randn(generator, *shape, dtype=dtype, device=device)
@@ -61,20 +68,41 @@ def random_paged_cache(seq_lens: list[int], num_kv_heads: int, head_dim: int, bl
     return k_cache, v_cache, block_tables.to(device)
 
 
-def check_decode_attention(context_lens: list[int], num_q_heads: int, num_kv_heads: int, head_dim: int,
-                           block_size: int, dtype: torch.dtype, device, num_splits: int | None = None, seed: int = 0):
+def check_decode_attention(
+    context_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    num_splits: int | None = None,
+    seed: int = 0,
+):
     g = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, block_tables = random_paged_cache(context_lens, num_kv_heads, head_dim, block_size, dtype, device, g)
+    k_cache, v_cache, block_tables = random_paged_cache(
+        context_lens, num_kv_heads, head_dim, block_size, dtype, device, g
+    )
     q = _randn(g, len(context_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     got = decode_attention_triton(q, k_cache, v_cache, block_tables, lens, scale, max(context_lens), num_splits)
     want = decode_attention_reference(q.float(), k_cache.float(), v_cache.float(), block_tables, lens, scale)
     return got.float(), want
 
 
-def check_prefill_attention(query_lens: list[int], seq_lens: list[int], num_q_heads: int, num_kv_heads: int,
-                            head_dim: int, block_size: int, dtype: torch.dtype, device, seed: int = 0, **tiles):
+def check_prefill_attention(
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    seed: int = 0,
+    **tiles,
+):
     """`seq_lens[i] - query_lens[i]` tokens of sequence i are cached context (chunked prefill); its
     query tokens follow them. `tiles`: block_m / block_n for the launcher."""
     g = torch.Generator().manual_seed(seed)
@@ -82,15 +110,25 @@ def check_prefill_attention(query_lens: list[int], seq_lens: list[int], num_q_he
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    scale = head_dim ** -0.5
+    scale = head_dim**-0.5
     got = prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, scale, **tiles)
-    want = prefill_attention_reference(q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens,
-                                       scale)
+    want = prefill_attention_reference(
+        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale
+    )
     return got.float(), want
 
 
-def check_mixed_step_attention(query_lens: list[int], seq_lens: list[int], num_q_heads: int, num_kv_heads: int,
-                               head_dim: int, block_size: int, dtype: torch.dtype, device, seed: int = 0):
+def check_mixed_step_attention(
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    seed: int = 0,
+):
     """A whole step through `paged_attention_triton`, as the model calls it: its leading one-token
     rows on the decode kernel, the others on the prefill kernel, against the prefill reference for
     all of them."""
@@ -99,17 +137,20 @@ def check_mixed_step_attention(query_lens: list[int], seq_lens: list[int], num_q
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    meta = AttentionMetadata(torch.full((len(q),), -1, device=device), block_tables, cu_seqlens_q, lens,
-                             list(query_lens), list(seq_lens))
-    scale = head_dim ** -0.5
+    meta = AttentionMetadata(
+        torch.full((len(q),), -1, device=device), block_tables, cu_seqlens_q, lens, list(query_lens), list(seq_lens)
+    )
+    scale = head_dim**-0.5
     got = paged_attention_triton(q, None, None, k_cache, v_cache, meta, scale)
-    want = prefill_attention_reference(q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens,
-                                       scale)
+    want = prefill_attention_reference(
+        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale
+    )
     return got.float(), want, meta.num_decodes
 
 
-def check_store_kvcache(num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype,
-                        device, seed: int = 0):
+def check_store_kvcache(
+    num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, device, seed: int = 0
+):
     """Tokens written to random distinct slots, every third one skipped (slot -1); the caches
     start random, so a write to a wrong slot or a skipped one shows."""
     g = torch.Generator().manual_seed(seed)
@@ -147,8 +188,17 @@ def rope_table(positions: torch.Tensor, head_dim: int, theta: float = 500000.0) 
     return emb.cos(), emb.sin()
 
 
-def check_rotary(num_tokens: int, num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device,
-                 cos: torch.Tensor | None = None, sin: torch.Tensor | None = None, seed: int = 0):
+def check_rotary(
+    num_tokens: int,
+    num_q_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device,
+    cos: torch.Tensor | None = None,
+    sin: torch.Tensor | None = None,
+    seed: int = 0,
+):
     """`cos`, `sin` `[num_tokens, head_dim]` fp32 rows (default: a plain table at random positions),
     cast to `dtype` as the model does. q and k are views of one fused projection, as in a model."""
     g = torch.Generator().manual_seed(seed)
@@ -178,11 +228,19 @@ def dyadic_probs(logits: torch.Tensor) -> torch.Tensor:
     """softmax(logits) rounded down to multiples of 2^-22: each row's mass is at most 1, so every
     partial sum, in any order, is exact in fp32, and the rejection sampler's kernel and reference
     draw the same tokens (their summation orders differ)."""
-    return torch.floor(logits.float().softmax(-1) * 2.0 ** 22) / 2.0 ** 22
+    return torch.floor(logits.float().softmax(-1) * 2.0**22) / 2.0**22
 
 
-def random_rejection_batch(num_drafts: list[int], greedy: list[bool], vocab: int, with_draft_probs: bool, device,
-                           generator: torch.Generator, extra_slots: int = 1, exact_sums: bool = True) -> dict:
+def random_rejection_batch(
+    num_drafts: list[int],
+    greedy: list[bool],
+    vocab: int,
+    with_draft_probs: bool,
+    device,
+    generator: torch.Generator,
+    extra_slots: int = 1,
+    exact_sums: bool = True,
+) -> dict:
     """Arguments of `rejection_sample_*` for sequences with these draft counts and greedy flags:
     target rows with a third of the vocabulary masked out (as top-k/top-p leave them), draft rows
     near them with masks of their own, drafts mostly sampled from q (from p without q; greedy ones
@@ -214,18 +272,33 @@ def random_rejection_batch(num_drafts: list[int], greedy: list[bool], vocab: int
     drafts = torch.where(random_token, torch.randint(0, vocab, (total,), generator=g), drafts)
     accept_uniforms = torch.rand(total, generator=g)
     sample_uniforms = torch.rand(num_seqs, generator=g)
-    largest_below_1 = 1 - 2.0 ** -24
+    largest_below_1 = 1 - 2.0**-24
     accept_uniforms[::7], sample_uniforms[::5] = largest_below_1, largest_below_1
     accept_uniforms[3::7], sample_uniforms[2::5] = 0.0, 0.0
-    args = dict(cu_num_draft=cu, draft_token_ids=drafts, draft_probs=draft_probs if with_draft_probs else None,
-                target_probs=target_probs, target_argmax=target_argmax, is_greedy=is_greedy,
-                accept_uniforms=accept_uniforms, sample_uniforms=sample_uniforms)
+    args = dict(
+        cu_num_draft=cu,
+        draft_token_ids=drafts,
+        draft_probs=draft_probs if with_draft_probs else None,
+        target_probs=target_probs,
+        target_argmax=target_argmax,
+        is_greedy=is_greedy,
+        accept_uniforms=accept_uniforms,
+        sample_uniforms=sample_uniforms,
+    )
     args = {k: v.to(device) if v is not None else None for k, v in args.items()}
     return args | dict(max_num_draft=max(num_drafts, default=0) + extra_slots)
 
 
-def check_rejection_sample(num_drafts: list[int], greedy: list[bool], vocab: int, with_draft_probs: bool, device,
-                           seed: int = 0, exact_sums: bool = True, **launch):
+def check_rejection_sample(
+    num_drafts: list[int],
+    greedy: list[bool],
+    vocab: int,
+    with_draft_probs: bool,
+    device,
+    seed: int = 0,
+    exact_sums: bool = True,
+    **launch,
+):
     """Kernel and reference on `random_rejection_batch`: token ids (int64), which must be equal.
     `launch`: block_v for the launcher."""
     g = torch.Generator().manual_seed(seed)

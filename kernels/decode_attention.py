@@ -25,8 +25,14 @@ MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs the para
 MAX_SPLITS = 64
 
 
-def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Plain fp32 attention, one sequence at a time."""
     num_q_heads, block_size = q.shape[1], k_cache.shape[1]
     group = num_q_heads // k_cache.shape[2]
@@ -41,13 +47,33 @@ def decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
 
 
 @triton.jit
-def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, context_lens_ptr,
-                         out_ptr, partial_out_ptr, partial_lse_ptr, scale_log2,
-                         q_stride_seq, q_stride_head, out_stride_seq, out_stride_head,
-                         cache_stride_block, cache_stride_token, cache_stride_head, block_tables_stride,
-                         NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    scale_log2,
+    q_stride_seq,
+    q_stride_head,
+    out_stride_seq,
+    out_stride_head,
+    cache_stride_block,
+    cache_stride_token,
+    cache_stride_head,
+    block_tables_stride,
+    NUM_Q_HEADS: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -61,8 +87,9 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
     heads = kv_head * GROUP + rows
     row_ok = rows < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + seq * q_stride_seq + heads[:, None] * q_stride_head + dims[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + seq * q_stride_seq + heads[:, None] * q_stride_head + dims[None, :], mask=row_ok[:, None], other=0.0
+    )
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
@@ -74,15 +101,36 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
     block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
     # Every head row sits at the last cached position, so the causal mask keeps just the keys < end.
     last_pos = tl.zeros([BLOCK_H], tl.int32) + (context_len - 1)
-    m, l, acc = attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head * cache_stride_head,
-                                  start, end, last_pos, scale_log2, cache_stride_block, cache_stride_token, HEAD_DIM,
-                                  BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=True)
+    m, l, acc = attend_paged_keys(
+        q,
+        m,
+        l,
+        acc,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_table,
+        kv_head * cache_stride_head,
+        start,
+        end,
+        last_pos,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_token,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_N,
+        UPCAST_DOT,
+        MASKED=True,
+    )
 
     # An empty split (context shorter than the splits) has l = 0: divide by 1 and give it lse -inf.
     out = acc / tl.where(l > 0, l, 1.0)[:, None]
     if NUM_SPLITS == 1:
-        tl.store(out_ptr + seq * out_stride_seq + heads[:, None] * out_stride_head + dims[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(
+            out_ptr + seq * out_stride_seq + heads[:, None] * out_stride_head + dims[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=row_ok[:, None],
+        )
     else:
         # partial_out [num_seqs, num_q_heads, NUM_SPLITS, HEAD_DIM], partial_lse [.., NUM_SPLITS] (fp32)
         partial = (seq * NUM_Q_HEADS + heads) * NUM_SPLITS + split
@@ -92,8 +140,16 @@ def _decode_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cont
 
 
 @triton.jit
-def _decode_reduce_kernel(partial_out_ptr, partial_lse_ptr, out_ptr, out_stride_seq, out_stride_head,
-                          NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr):
+def _decode_reduce_kernel(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    out_stride_seq,
+    out_stride_head,
+    NUM_Q_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
     # One program per (sequence, query head): weight each split by exp2(lse - max lse).
     seq = tl.program_id(0)
     head = tl.program_id(1)
@@ -117,10 +173,17 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_context_len: int, de
     return triton.next_power_of_2(splits)
 
 
-def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            block_tables: torch.Tensor, context_lens: torch.Tensor, scale: float,
-                            max_context_len: int, num_splits: int | None = None,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+def decode_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    max_context_len: int,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The Triton kernels behind `decode_attention_reference`'s interface. `max_context_len` (a host
     int, so no device sync) sizes the split-K; `num_splits` overrides it (a power of two). `out`:
     where to write (a view of a larger step's output), else a new tensor."""
@@ -143,16 +206,41 @@ def decode_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     else:
         partial_out = partial_lse = out  # not written
     _decode_split_kernel[(num_seqs, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, context_lens, out, partial_out, partial_lse, scale * LOG2E,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=BLOCK_N, NUM_SPLITS=num_splits,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        context_lens,
+        out,
+        partial_out,
+        partial_lse,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        NUM_Q_HEADS=num_q_heads,
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=BLOCK_N,
+        NUM_SPLITS=num_splits,
         UPCAST_DOT=upcast_dot_operands(q.dtype),
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](
-            partial_out, partial_lse, out, out.stride(0), out.stride(1),
-            NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, NUM_SPLITS=num_splits,
+            partial_out,
+            partial_lse,
+            out,
+            out.stride(0),
+            out.stride(1),
+            NUM_Q_HEADS=num_q_heads,
+            HEAD_DIM=head_dim,
+            NUM_SPLITS=num_splits,
         )
     return out

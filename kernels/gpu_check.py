@@ -17,6 +17,7 @@ import argparse
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -68,12 +69,12 @@ def measure_peaks(device) -> tuple[float, float]:
     bf16 GEMM rate (TFLOP/s, 8192 x 8192 x 8192): what the kernels' ratios are taken against."""
     src = torch.empty(2**30, dtype=torch.bfloat16, device=device)
     dst = torch.empty_like(src)
-    copy_gbps = 2 * src.numel() * src.element_size() / _time_ms(lambda: dst.copy_(src)) / 1e6
+    copy_gbps = 2 * src.numel() * src.element_size() / _time_ms(partial(dst.copy_, src)) / 1e6
     del src, dst
     n = 8192
     a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
     b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-    gemm_tflops = 2 * n**3 / _time_ms(lambda: a @ b) / 1e9
+    gemm_tflops = 2 * n**3 / _time_ms(partial(torch.matmul, a, b)) / 1e9
     del a, b
     torch.cuda.empty_cache()
     return copy_gbps, gemm_tflops
@@ -88,6 +89,7 @@ def peaks(device_name: str) -> tuple[float | None, float | None]:
 
 # Correctness: each entry is (what, run the cases -> list of results, the @triton.jit functions it
 # covers). tests/test_triton_kernels.py checks that these cover every kernel in kernels/.
+
 
 def _run_case(case: str, dtype: torch.dtype, check) -> dict:
     """One case: `check()` returns (got, want); a compile or launch error fails the case, not the run."""
@@ -105,13 +107,26 @@ def _run_case(case: str, dtype: torch.dtype, check) -> dict:
 def check_decode(device) -> list[dict]:
     results = []
     for dtype in DTYPES:
-        for gqa, head_dim, block_size in [(1, 128, 16), (2, 64, 8), (4, 128, 32), (8, 128, 16), (4, 64, 128),
-                                          (8, 64, 64)]:
+        for gqa, head_dim, block_size in [
+            (1, 128, 16),
+            (2, 64, 8),
+            (4, 128, 32),
+            (8, 128, 16),
+            (4, 64, 128),
+            (8, 64, 64),
+        ]:
             lens = checks.ragged_lengths(block_size) + [3000]
             for num_splits in (1, None):  # one pass; split-K as the launcher chooses it
                 case = f"decode gqa={gqa} head_dim={head_dim} block_size={block_size} splits={num_splits or 'auto'}"
-                results.append(_run_case(case, dtype, lambda: checks.check_decode_attention(
-                    lens, 8 * gqa, 8, head_dim, block_size, dtype, device, num_splits)))
+                results.append(
+                    _run_case(
+                        case,
+                        dtype,
+                        lambda: checks.check_decode_attention(
+                            lens, 8 * gqa, 8, head_dim, block_size, dtype, device, num_splits
+                        ),
+                    )
+                )
     return results
 
 
@@ -122,8 +137,15 @@ def check_prefill(device) -> list[dict]:
     for dtype in DTYPES:
         for gqa, head_dim, block_size in [(1, 128, 16), (4, 128, 16), (8, 64, 32), (2, 128, 128)]:
             case = f"prefill gqa={gqa} head_dim={head_dim} block_size={block_size}"
-            results.append(_run_case(case, dtype, lambda: checks.check_prefill_attention(
-                query_lens, seq_lens, 8 * gqa, 8, head_dim, block_size, dtype, device)))
+            results.append(
+                _run_case(
+                    case,
+                    dtype,
+                    lambda: checks.check_prefill_attention(
+                        query_lens, seq_lens, 8 * gqa, 8, head_dim, block_size, dtype, device
+                    ),
+                )
+            )
     return results
 
 
@@ -132,28 +154,52 @@ def check_mixed_step(device) -> list[dict]:
     and prompts on the prefill kernel, at the 8B and 70B attention shapes (GQA 4 and 8)."""
     query_lens = [1] * 6 + [5, 300, 17, 1]
     seq_lens = [1, 40, 700, 3000, 129, 16, 1005, 300, 1000, 612]
-    return [_run_case(f"mixed step gqa={gqa} head_dim={head_dim} block_size=16", dtype,
-                      lambda: checks.check_mixed_step_attention(query_lens, seq_lens, 8 * gqa, 8, head_dim, 16, dtype,
-                                                                device)[:2])
-            for dtype in DTYPES for gqa, head_dim in ((4, 128), (8, 128), (4, 64))]
+    return [
+        _run_case(
+            f"mixed step gqa={gqa} head_dim={head_dim} block_size=16",
+            dtype,
+            lambda: checks.check_mixed_step_attention(query_lens, seq_lens, 8 * gqa, 8, head_dim, 16, dtype, device)[
+                :2
+            ],
+        )
+        for dtype in DTYPES
+        for gqa, head_dim in ((4, 128), (8, 128), (4, 64))
+    ]
 
 
 def check_kv_cache(device) -> list[dict]:
-    return [_run_case(f"store_kvcache block_size={bs}", dtype,
-                      lambda: checks.check_store_kvcache(300, 8, 128, bs, dtype, device))
-            for dtype in DTYPES for bs in (8, 16, 128)]
+    return [
+        _run_case(
+            f"store_kvcache block_size={bs}", dtype, lambda: checks.check_store_kvcache(300, 8, 128, bs, dtype, device)
+        )
+        for dtype in DTYPES
+        for bs in (8, 16, 128)
+    ]
 
 
 def check_rms_norm(device) -> list[dict]:
-    return [_run_case(f"rms_norm hidden={hidden} residual={res}", dtype,
-                      lambda: checks.check_rms_norm(257, hidden, dtype, device, res))
-            for dtype in DTYPES for hidden in (4096, 8192, 576) for res in (False, True)]
+    return [
+        _run_case(
+            f"rms_norm hidden={hidden} residual={res}",
+            dtype,
+            lambda: checks.check_rms_norm(257, hidden, dtype, device, res),
+        )
+        for dtype in DTYPES
+        for hidden in (4096, 8192, 576)
+        for res in (False, True)
+    ]
 
 
 def check_rotary(device) -> list[dict]:
-    return [_run_case(f"rotary heads={hq}/{hkv} head_dim={hd}", dtype,
-                      lambda: checks.check_rotary(257, hq, hkv, hd, dtype, device))
-            for dtype in DTYPES for hq, hkv, hd in ((32, 8, 128), (64, 8, 128), (9, 3, 64))]
+    return [
+        _run_case(
+            f"rotary heads={hq}/{hkv} head_dim={hd}",
+            dtype,
+            lambda: checks.check_rotary(257, hq, hkv, hd, dtype, device),
+        )
+        for dtype in DTYPES
+        for hq, hkv, hd in ((32, 8, 128), (64, 8, 128), (9, 3, 64))
+    ]
 
 
 def check_rejection_sample(device) -> list[dict]:
@@ -164,16 +210,24 @@ def check_rejection_sample(device) -> list[dict]:
     for with_draft_probs in (True, False):
         for name, num_drafts in (("k=4", [4] * 256), ("k=0..4", [i % 5 for i in range(256)])):
             case = f"rejection sample batch=256 {name} vocab=128256 {'draft probs' if with_draft_probs else 'n-gram'}"
-            results.append(_run_case(case, torch.float32, lambda: checks.check_rejection_sample(
-                num_drafts, greedy, 128256, with_draft_probs, device)))
+            results.append(
+                _run_case(
+                    case,
+                    torch.float32,
+                    lambda: checks.check_rejection_sample(num_drafts, greedy, 128256, with_draft_probs, device),
+                )
+            )
     return results
 
 
 CHECKS = [
     ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel, attend_paged_keys]),
     ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, attend_paged_keys]),
-    ("mixed step attention", check_mixed_step,
-     [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys]),
+    (
+        "mixed step attention",
+        check_mixed_step,
+        [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys],
+    ),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
     ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),
@@ -182,6 +236,7 @@ CHECKS = [
 
 
 # Benchmarks
+
 
 def _time_ms(fn) -> float:
     import triton.testing
@@ -197,7 +252,7 @@ def _paged_bench_inputs(seq_lens: list[int], device):
     block_tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
     taken = 0
     for i, n in enumerate(blocks):
-        block_tables[i, :n] = order[taken:taken + n]
+        block_tables[i, :n] = order[taken : taken + n]
         taken += n
     shape = (sum(blocks), BENCH_BLOCK_SIZE, num_kv_heads, head_dim)
     k_cache = torch.randn(shape, device=device, dtype=torch.bfloat16)
@@ -229,18 +284,26 @@ def bench_decode(device, peak_gbps) -> list[dict]:
             k_cache, v_cache, block_tables = _paged_bench_inputs([context] * batch, device)
             q = torch.randn(batch, num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
             lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-            scale = head_dim ** -0.5
-            ms = _time_ms(lambda: decode_attention_triton(q, k_cache, v_cache, block_tables, lens, scale, context))
+            scale = head_dim**-0.5
+            ms = _time_ms(partial(decode_attention_triton, q, k_cache, v_cache, block_tables, lens, scale, context))
             keys, values = _contiguous(k_cache, block_tables, context), _contiguous(v_cache, block_tables, context)
             del k_cache, v_cache
             q4 = q[:, :, None, :]
-            sdpa_ms = _sdpa_ms(lambda: F.scaled_dot_product_attention(q4, keys, values, scale=scale, enable_gqa=True))
+            sdpa_ms = _sdpa_ms(partial(F.scaled_dot_product_attention, q4, keys, values, scale=scale, enable_gqa=True))
             del keys, values
             torch.cuda.empty_cache()
             gbps = 2 * batch * context * num_kv_heads * head_dim * 2 / ms / 1e6  # K and V, bf16
-            rows.append(dict(batch=batch, context=context, ms=ms, gbps=gbps,
-                             peak_ratio=gbps / peak_gbps if peak_gbps else None, sdpa_ms=sdpa_ms,
-                             speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None))
+            rows.append(
+                dict(
+                    batch=batch,
+                    context=context,
+                    ms=ms,
+                    gbps=gbps,
+                    peak_ratio=gbps / peak_gbps if peak_gbps else None,
+                    sdpa_ms=sdpa_ms,
+                    speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None,
+                )
+            )
     return rows
 
 
@@ -251,25 +314,37 @@ def bench_prefill(device, peak_tflops) -> list[dict]:
         print(f"  prefill attention: {name}", flush=True)
         k_cache, v_cache, block_tables = _paged_bench_inputs(seq_lens, device)
         q = torch.randn(sum(query_lens), num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
-        cu = torch.tensor([0] + [sum(query_lens[:i + 1]) for i in range(len(query_lens))], dtype=torch.int32,
-                          device=device)
+        cu = torch.tensor(
+            [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
+        )
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-        scale = head_dim ** -0.5
-        ms = _time_ms(lambda: prefill_attention_triton(q, k_cache, v_cache, block_tables, cu, lens, scale))
+        scale = head_dim**-0.5
+        ms = _time_ms(partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale))
         tflops = checks.attention_flops(query_lens, seq_lens, num_q_heads, head_dim) / ms / 1e9
         sdpa_ms = None
         if query_lens == seq_lens and len(set(seq_lens)) == 1:  # SDPA's causal mask has no context offset
-            keys, values = _contiguous(k_cache, block_tables, seq_lens[0]), _contiguous(v_cache, block_tables,
-                                                                                         seq_lens[0])
+            keys, values = (
+                _contiguous(k_cache, block_tables, seq_lens[0]),
+                _contiguous(v_cache, block_tables, seq_lens[0]),
+            )
             qs = q.view(len(seq_lens), seq_lens[0], num_q_heads, head_dim).transpose(1, 2)
-            sdpa_ms = _sdpa_ms(lambda: F.scaled_dot_product_attention(qs, keys, values, is_causal=True, scale=scale,
-                                                                       enable_gqa=True))
+            sdpa_ms = _sdpa_ms(
+                lambda: F.scaled_dot_product_attention(qs, keys, values, is_causal=True, scale=scale, enable_gqa=True)
+            )
             del keys, values
         del k_cache, v_cache
         torch.cuda.empty_cache()
-        rows.append(dict(case=name, tokens=sum(query_lens), ms=ms, tflops=tflops,
-                         peak_ratio=tflops / peak_tflops if peak_tflops else None, sdpa_ms=sdpa_ms,
-                         speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None))
+        rows.append(
+            dict(
+                case=name,
+                tokens=sum(query_lens),
+                ms=ms,
+                tflops=tflops,
+                peak_ratio=tflops / peak_tflops if peak_tflops else None,
+                sdpa_ms=sdpa_ms,
+                speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None,
+            )
+        )
     return rows
 
 
@@ -287,8 +362,14 @@ def bench_engine(device, peak_gbps) -> list[dict]:
     decodes, prefill = ENGINE_MIXED
     max_tokens = max(ENGINE_BATCHES) * ENGINE_CONTEXT + 2 * prefill
     print("  engine steps: a Llama-3.1-8B-shaped model with random bf16 weights, capturing CUDA graphs", flush=True)
-    bench = StepBench(LLAMA_31_8B, device, max_num_seqs=max(ENGINE_BATCHES), max_model_len=2 * prefill,
-                      max_tokens=max_tokens, cuda_graphs=True)
+    bench = StepBench(
+        LLAMA_31_8B,
+        device,
+        max_num_seqs=max(ENGINE_BATCHES),
+        max_model_len=2 * prefill,
+        max_tokens=max_tokens,
+        cuda_graphs=True,
+    )
     graphs = bench.runner.graphs
     rows = []
     for mode in ("eager", "CUDA graphs"):
@@ -321,10 +402,14 @@ def check_tensor_parallel() -> dict:
         result = tensor_parallel_check({**LLAMA_31_8B, "num_hidden_layers": 2, "dtype": "float32"}, "cuda")
     except Exception as e:  # noqa: BLE001 - reported in the results
         return dict(ok=False, error=f"{type(e).__name__}: {e}")
-    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(1.0,
-                                                                                              result["logit_scale"])
-    print(f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
-          f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})", flush=True)
+    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(
+        1.0, result["logit_scale"]
+    )
+    print(
+        f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
+        f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})",
+        flush=True,
+    )
     return result
 
 
@@ -347,30 +432,54 @@ def targets(results: dict) -> list[str]:
         rows = [r for r in rows if r.get(key) is not None]
         if rows:
             met = sum(r[key] >= bar if key != "host_share" else r[key] < bar for r in rows)
-            lines.append(f"{what}: met in {met} of {len(rows)} ({'lowest' if best is min else 'best'} "
-                         f"{_pct(best(r[key] for r in rows))}).")
+            lines.append(
+                f"{what}: met in {met} of {len(rows)} ({'lowest' if best is min else 'best'} "
+                f"{_pct(best(r[key] for r in rows))})."
+            )
 
-    goal("Decode attention >= 85% of the measured bandwidth at batch >= 32, context >= 2048",
-         [r for r in results["decode"] if r["batch"] >= 32 and r["context"] >= 2048], "peak_ratio", 0.85)
+    goal(
+        "Decode attention >= 85% of the measured bandwidth at batch >= 32, context >= 2048",
+        [r for r in results["decode"] if r["batch"] >= 32 and r["context"] >= 2048],
+        "peak_ratio",
+        0.85,
+    )
     goal("Prefill attention >= 60% of the measured bf16 GEMM rate", results["prefill"], "peak_ratio", 0.6, max)
     engine = [r for r in results.get("engine", []) if not r["prefill"]]
-    goal("8B decode step at batch 1 >= 85% of the weight-plus-KV roofline (best of eager and graphs)",
-         [max((r for r in engine if r["decodes"] == 1), key=lambda r: r["peak_ratio"] or 0, default=None)] if engine
-         else [], "peak_ratio", 0.85)
-    goal("Host time under 10% of the step at batch 256 (best of eager and graphs)",
-         [min((r for r in engine if r["decodes"] == 256), key=lambda r: r["host_share"], default=None)] if engine
-         else [], "host_share", 0.10)
+    goal(
+        "8B decode step at batch 1 >= 85% of the weight-plus-KV roofline (best of eager and graphs)",
+        [max((r for r in engine if r["decodes"] == 1), key=lambda r: r["peak_ratio"] or 0, default=None)]
+        if engine
+        else [],
+        "peak_ratio",
+        0.85,
+    )
+    goal(
+        "Host time under 10% of the step at batch 256 (best of eager and graphs)",
+        [min((r for r in engine if r["decodes"] == 256), key=lambda r: r["host_share"], default=None)]
+        if engine
+        else [],
+        "host_share",
+        0.10,
+    )
     return [line for line in lines if line]
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# gpu-check on {results['device']}", "", f"{results['software']}.", "",
-             f"Measured: copy {_num(results['measured_gbps'], '.0f')} GB/s, dense bf16 GEMM "
-             f"{_num(results['measured_tflops'], '.0f')} TFLOP/s (the ratios below are of these); data sheet "
-             f"{results['peak_gbps'] or '?'} GB/s, {results['peak_tflops'] or '?'} TFLOP/s "
-             f"(kernels/gpu_check.py PEAKS); {results['elapsed_s']:.0f} s in all.", "",
-             "## Correctness (kernel vs PyTorch reference)", "", "| kernel | cases | failed | max abs error |",
-             "|---|---|---|---|"]
+    lines = [
+        f"# gpu-check on {results['device']}",
+        "",
+        f"{results['software']}.",
+        "",
+        f"Measured: copy {_num(results['measured_gbps'], '.0f')} GB/s, dense bf16 GEMM "
+        f"{_num(results['measured_tflops'], '.0f')} TFLOP/s (the ratios below are of these); data sheet "
+        f"{results['peak_gbps'] or '?'} GB/s, {results['peak_tflops'] or '?'} TFLOP/s "
+        f"(kernels/gpu_check.py PEAKS); {results['elapsed_s']:.0f} s in all.",
+        "",
+        "## Correctness (kernel vs PyTorch reference)",
+        "",
+        "| kernel | cases | failed | max abs error |",
+        "|---|---|---|---|",
+    ]
     for name, rows in results["checks"].items():
         failed = [r for r in rows if not r["ok"]]
         errors = [r["max_abs_err"] for r in rows if r["max_abs_err"] is not None]
@@ -380,30 +489,58 @@ def markdown(results: dict) -> str:
             if not r["ok"]:
                 lines.append(f"\nFAILED {name}: {r['case']} {r['dtype']}: {r['error']}")
     tp = results.get("tensor_parallel", {})
-    lines += ["", "Tensor parallel (TP=2 against one process, random two-layer model of the 8B width, fp32): " + (
-        f"not run: {tp['skipped']}" if "skipped" in tp else f"FAILED: {tp['error']}" if "error" in tp else
-        f"{'PASS' if tp['ok'] else 'FAIL'}, largest logit difference {tp['max_abs_logit_diff']:.2e} of "
-        f"{tp['logit_scale']:.2f}, greedy tokens {'agree' if tp['greedy_tokens_agree'] else 'differ'}")]
-    lines += ["", "## Decode attention (bf16, 32 q heads / 8 KV heads, head_dim 128, block size 16)", "",
-              "| batch | context | ms | K/V GB/s | of peak | SDPA ms | speedup vs SDPA |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "Tensor parallel (TP=2 against one process, random two-layer model of the 8B width, fp32): "
+        + (
+            f"not run: {tp['skipped']}"
+            if "skipped" in tp
+            else f"FAILED: {tp['error']}"
+            if "error" in tp
+            else f"{'PASS' if tp['ok'] else 'FAIL'}, largest logit difference {tp['max_abs_logit_diff']:.2e} of "
+            f"{tp['logit_scale']:.2f}, greedy tokens {'agree' if tp['greedy_tokens_agree'] else 'differ'}"
+        ),
+    ]
+    lines += [
+        "",
+        "## Decode attention (bf16, 32 q heads / 8 KV heads, head_dim 128, block size 16)",
+        "",
+        "| batch | context | ms | K/V GB/s | of peak | SDPA ms | speedup vs SDPA |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results["decode"]:
-        lines.append(f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | {_pct(r['peak_ratio'])} | "
-                     f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |")
-    lines += ["", "## Prefill attention (bf16, causal, same heads)", "",
-              "| case | tokens | ms | TFLOP/s | of dense bf16 peak | SDPA ms | speedup vs SDPA |",
-              "|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['batch']} | {r['context']} | {r['ms']:.3f} | {r['gbps']:.0f} | {_pct(r['peak_ratio'])} | "
+            f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |"
+        )
+    lines += [
+        "",
+        "## Prefill attention (bf16, causal, same heads)",
+        "",
+        "| case | tokens | ms | TFLOP/s | of dense bf16 peak | SDPA ms | speedup vs SDPA |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in results["prefill"]:
-        lines.append(f"| {r['case']} | {r['tokens']} | {r['ms']:.3f} | {r['tflops']:.0f} | {_pct(r['peak_ratio'])} | "
-                     f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |")
-    lines += ["", "## Engine steps (Llama-3.1-8B shape, random bf16 weights, block size 16; sut/gpu_bench.py)", "",
-              "Roofline: the weights (the embedding's rows aside) plus every context's K/V read once a step.", "",
-              "| step | mode | GPU ms | host ms | host / GPU | tokens/s | GB/s read | of measured bandwidth |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['case']} | {r['tokens']} | {r['ms']:.3f} | {r['tflops']:.0f} | {_pct(r['peak_ratio'])} | "
+            f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |"
+        )
+    lines += [
+        "",
+        "## Engine steps (Llama-3.1-8B shape, random bf16 weights, block size 16; sut/gpu_bench.py)",
+        "",
+        "Roofline: the weights (the embedding's rows aside) plus every context's K/V read once a step.",
+        "",
+        "| step | mode | GPU ms | host ms | host / GPU | tokens/s | GB/s read | of measured bandwidth |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in results.get("engine", []):
         step = f"{r['decodes']} decodes x {r['context']}" + (f" + {r['prefill']} prefill" if r["prefill"] else "")
-        lines.append(f"| {step} | {'CUDA graphs' if r['cuda_graphs'] else 'eager'} | {r['gpu_ms']:.3f} | "
-                     f"{r['host_ms']:.3f} | {_pct(r['host_share'])} | {r['tokens_per_s']:.0f} | {r['gbps']:.0f} | "
-                     f"{_pct(r['peak_ratio'])} |")
+        lines.append(
+            f"| {step} | {'CUDA graphs' if r['cuda_graphs'] else 'eager'} | {r['gpu_ms']:.3f} | "
+            f"{r['host_ms']:.3f} | {_pct(r['host_share'])} | {r['tokens_per_s']:.0f} | {r['gbps']:.0f} | "
+            f"{_pct(r['peak_ratio'])} |"
+        )
     return "\n".join(lines + [""] + targets(results)) + "\n"
 
 
@@ -422,10 +559,23 @@ def main(argv=None) -> int:
     import triton
 
     software = f"torch {torch.__version__}, Triton {triton.__version__}, Python {sys.version.split()[0]}"
-    print(f"gpu-check on {name} ({software}): data sheet {peak_gbps or '?'} GB/s, {peak_tflops or '?'} dense bf16 "
-          "TFLOP/s", flush=True)
-    results = dict(device=name, software=software, peak_gbps=peak_gbps, peak_tflops=peak_tflops, measured_gbps=None,
-                   measured_tflops=None, checks={}, decode=[], prefill=[], engine=[])
+    print(
+        f"gpu-check on {name} ({software}): data sheet {peak_gbps or '?'} GB/s, {peak_tflops or '?'} dense bf16 "
+        "TFLOP/s",
+        flush=True,
+    )
+    results = dict(
+        device=name,
+        software=software,
+        peak_gbps=peak_gbps,
+        peak_tflops=peak_tflops,
+        measured_gbps=None,
+        measured_tflops=None,
+        checks={},
+        decode=[],
+        prefill=[],
+        engine=[],
+    )
     for what, run, _ in CHECKS:
         t = time.time()
         rows = run(device)
@@ -449,10 +599,15 @@ def main(argv=None) -> int:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(markdown(results))
     print(markdown(results))
-    failed = (sum(not r["ok"] for rows in results["checks"].values() for r in rows) + ("engine_error" in results)
-              + (results["tensor_parallel"].get("ok") is False))
-    print(f"gpu-check: {'FAIL' if failed else 'PASS'}: {failed} failed case(s); results in {out}/results.md "
-          f"({results['elapsed_s']:.0f} s)")
+    failed = (
+        sum(not r["ok"] for rows in results["checks"].values() for r in rows)
+        + ("engine_error" in results)
+        + (results["tensor_parallel"].get("ok") is False)
+    )
+    print(
+        f"gpu-check: {'FAIL' if failed else 'PASS'}: {failed} failed case(s); results in {out}/results.md "
+        f"({results['elapsed_s']:.0f} s)"
+    )
     return 1 if failed else 0
 
 

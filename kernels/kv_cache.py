@@ -7,8 +7,9 @@ import triton
 import triton.language as tl
 
 
-def store_kvcache_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                            slot_mapping: torch.Tensor) -> None:
+def store_kvcache_reference(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """Write new keys and values `[num_tokens, num_kv_heads, head_dim]` into their cache slots."""
     keep = slot_mapping >= 0
     if not bool(keep.all()):
@@ -18,11 +19,23 @@ def store_kvcache_reference(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Ten
 
 
 @triton.jit
-def _store_kvcache_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
-                          k_stride_token, k_stride_head, v_stride_token, v_stride_head,
-                          cache_stride_slot, cache_stride_head,
-                          NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-                          BLOCK_HEADS: tl.constexpr, BLOCK_D: tl.constexpr):
+def _store_kvcache_kernel(
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_mapping_ptr,
+    k_stride_token,
+    k_stride_head,
+    v_stride_token,
+    v_stride_head,
+    cache_stride_slot,
+    cache_stride_head,
+    NUM_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_HEADS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     # One program per token: all its heads at once.
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -38,8 +51,9 @@ def _store_kvcache_kernel(k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_p
     tl.store(v_cache_ptr + dst, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
-def store_kvcache_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                         slot_mapping: torch.Tensor) -> None:
+def store_kvcache_triton(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
     """The Triton kernel behind `store_kvcache_reference`'s interface."""
     num_tokens, num_heads, head_dim = k.shape
     # Slots are addressed as one run over the layer's blocks, so each layer's cache is contiguous.
@@ -48,9 +62,19 @@ def store_kvcache_triton(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor
     if num_tokens == 0:
         return
     _store_kvcache_kernel[(num_tokens,)](
-        k, v, k_cache, v_cache, slot_mapping,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_cache.stride(1), k_cache.stride(2),
-        NUM_HEADS=num_heads, HEAD_DIM=head_dim,
-        BLOCK_HEADS=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        NUM_HEADS=num_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_HEADS=triton.next_power_of_2(num_heads),
+        BLOCK_D=triton.next_power_of_2(head_dim),
     )

@@ -24,9 +24,15 @@ BLOCK_M = 128  # rows (query token x head in group) per program on a GPU
 BLOCK_N = 64  # keys per inner step
 
 
-def prefill_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                                scale: float) -> torch.Tensor:
+def prefill_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     """Plain fp32 causal attention, one sequence at a time."""
     num_q_heads, block_size = q.shape[1], k_cache.shape[1]
     group = num_q_heads // k_cache.shape[2]
@@ -62,12 +68,32 @@ def _find_sequence(cu_seqlens_q_ptr, num_seqs, tile, BLOCK_Q: tl.constexpr):
 
 
 @triton.jit
-def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr, out_ptr,
-                    scale_log2, num_seqs,
-                    q_stride_token, q_stride_head, out_stride_token, out_stride_head,
-                    cache_stride_block, cache_stride_token, cache_stride_head, block_tables_stride,
-                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, HEAD_DIM: tl.constexpr,
-                    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr):
+def _prefill_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    cu_seqlens_q_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    scale_log2,
+    num_seqs,
+    q_stride_token,
+    q_stride_head,
+    out_stride_token,
+    out_stride_head,
+    cache_stride_block,
+    cache_stride_token,
+    cache_stride_head,
+    block_tables_stride,
+    GROUP: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     seq = _find_sequence(cu_seqlens_q_ptr, num_seqs, tile, BLOCK_Q)
@@ -86,8 +112,11 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlen
     row_pos = context_len + tokens
     dims = tl.arange(0, HEAD_DIM)
     q_rows = (q_start + tokens).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * q_stride_token + heads[:, None] * q_stride_head + dims[None, :],
-                mask=row_ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * q_stride_token + heads[:, None] * q_stride_head + dims[None, :],
+        mask=row_ok[:, None],
+        other=0.0,
+    )
     if UPCAST_DOT:
         q = q.to(tl.float32)
 
@@ -102,22 +131,69 @@ def _prefill_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, cu_seqlen
     # need no mask. The rest, up to the tile's last query position, are masked causally.
     unmasked_end = (context_len + first_token) // BLOCK_N * BLOCK_N
     kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)
-    m, l, acc = attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset,
-                                  0, unmasked_end, row_pos, scale_log2, cache_stride_block, cache_stride_token,
-                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=False)
-    m, l, acc = attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset,
-                                  unmasked_end, kv_end, row_pos, scale_log2, cache_stride_block, cache_stride_token,
-                                  HEAD_DIM, BLOCK_SIZE, BLOCK_N, UPCAST_DOT, MASKED=True)
+    m, l, acc = attend_paged_keys(
+        q,
+        m,
+        l,
+        acc,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_table,
+        kv_head_offset,
+        0,
+        unmasked_end,
+        row_pos,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_token,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_N,
+        UPCAST_DOT,
+        MASKED=False,
+    )
+    m, l, acc = attend_paged_keys(
+        q,
+        m,
+        l,
+        acc,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_table,
+        kv_head_offset,
+        unmasked_end,
+        kv_end,
+        row_pos,
+        scale_log2,
+        cache_stride_block,
+        cache_stride_token,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        BLOCK_N,
+        UPCAST_DOT,
+        MASKED=True,
+    )
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # padded rows have l = 0
-    tl.store(out_ptr + q_rows[:, None] * out_stride_token + heads[:, None] * out_stride_head + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(
+        out_ptr + q_rows[:, None] * out_stride_token + heads[:, None] * out_stride_head + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=row_ok[:, None],
+    )
 
 
-def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                             block_tables: torch.Tensor, cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor,
-                             scale: float, block_m: int = BLOCK_M, block_n: int = BLOCK_N,
-                             out: torch.Tensor | None = None) -> torch.Tensor:
+def prefill_attention_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    block_m: int = BLOCK_M,
+    block_n: int = BLOCK_N,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The Triton kernel behind `prefill_attention_reference`'s interface (`block_m`, `block_n`:
     tile sizes, smaller in tests so that a few tokens span several tiles; `out`: where to write, a
     view of a larger step's output, else a new tensor)."""
@@ -138,10 +214,29 @@ def prefill_attention_triton(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     block_q = block_m // group
     grid = (num_tokens // block_q + num_seqs, num_kv_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out, scale * LOG2E, num_seqs,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_N=block_n,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        cu_seqlens_q,
+        seq_lens,
+        out,
+        scale * LOG2E,
+        num_seqs,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        block_tables.stride(0),
+        GROUP=group,
+        BLOCK_M=block_m,
+        BLOCK_Q=block_q,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        BLOCK_N=block_n,
         UPCAST_DOT=upcast_dot_operands(q.dtype),
         num_warps=8 if block_m >= 128 else 4,
     )

@@ -58,10 +58,17 @@ def _draw(w: torch.Tensor, u: torch.Tensor) -> int:
     return int(positive[-1]) if len(positive) else 0
 
 
-def rejection_sample_reference(cu_num_draft: torch.Tensor, draft_token_ids: torch.Tensor,
-                               draft_probs: torch.Tensor | None, target_probs: torch.Tensor | None,
-                               target_argmax: torch.Tensor, is_greedy: torch.Tensor, accept_uniforms: torch.Tensor,
-                               sample_uniforms: torch.Tensor, max_num_draft: int) -> torch.Tensor:
+def rejection_sample_reference(
+    cu_num_draft: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor | None,
+    target_argmax: torch.Tensor,
+    is_greedy: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    max_num_draft: int,
+) -> torch.Tensor:
     """The rule above one sequence at a time (see the module docstring for the arguments)."""
     num_seqs = is_greedy.shape[0]
     out = torch.full((num_seqs, max_num_draft + 1), -1, dtype=torch.int64, device=draft_token_ids.device)
@@ -112,9 +119,21 @@ def _block_weights(p_row, q_row, cols, vocab_size, q_len, q_token, HAS_DRAFT_PRO
 
 
 @triton.jit(do_not_specialize=["out_stride"])
-def _rejection_sample_kernel(out_ptr, cu_num_draft_ptr, draft_token_ids_ptr, draft_probs_ptr, target_probs_ptr,
-                             target_argmax_ptr, is_greedy_ptr, accept_uniforms_ptr, sample_uniforms_ptr,
-                             vocab_size, out_stride, HAS_DRAFT_PROBS: tl.constexpr, BLOCK_V: tl.constexpr):
+def _rejection_sample_kernel(
+    out_ptr,
+    cu_num_draft_ptr,
+    draft_token_ids_ptr,
+    draft_probs_ptr,
+    target_probs_ptr,
+    target_argmax_ptr,
+    is_greedy_ptr,
+    accept_uniforms_ptr,
+    sample_uniforms_ptr,
+    vocab_size,
+    out_stride,
+    HAS_DRAFT_PROBS: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
     # One program per sequence. out is pre-filled with -1; this writes the emitted tokens only.
     seq = tl.program_id(0)
     start = tl.load(cu_num_draft_ptr + seq)
@@ -156,8 +175,9 @@ def _rejection_sample_kernel(out_ptr, cu_num_draft_ptr, draft_token_ids_ptr, dra
         total_w = 0.0
         total_p = 0.0
         for v0 in range(0, vocab_size, BLOCK_V):
-            p, w = _block_weights(p_row, q_row, v0 + tl.arange(0, BLOCK_V), vocab_size, q_len, rejected_draft,
-                                  HAS_DRAFT_PROBS)
+            p, w = _block_weights(
+                p_row, q_row, v0 + tl.arange(0, BLOCK_V), vocab_size, q_len, rejected_draft, HAS_DRAFT_PROBS
+            )
             total_w += tl.sum(w, axis=0)
             total_p += tl.sum(p, axis=0)
         subtract = recover & (total_w > 0)
@@ -182,18 +202,34 @@ def _rejection_sample_kernel(out_ptr, cu_num_draft_ptr, draft_token_ids_ptr, dra
     tl.store(out_row + num_accepted, token)
 
 
-def rejection_sample_triton(cu_num_draft: torch.Tensor, draft_token_ids: torch.Tensor,
-                            draft_probs: torch.Tensor | None, target_probs: torch.Tensor | None,
-                            target_argmax: torch.Tensor, is_greedy: torch.Tensor, accept_uniforms: torch.Tensor,
-                            sample_uniforms: torch.Tensor, max_num_draft: int, block_v: int = BLOCK_V) -> torch.Tensor:
+def rejection_sample_triton(
+    cu_num_draft: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor | None,
+    target_argmax: torch.Tensor,
+    is_greedy: torch.Tensor,
+    accept_uniforms: torch.Tensor,
+    sample_uniforms: torch.Tensor,
+    max_num_draft: int,
+    block_v: int = BLOCK_V,
+) -> torch.Tensor:
     """The Triton kernel behind `rejection_sample_reference`'s interface: contiguous tensors of the
     dtypes in the module docstring, draft ids in [0, V); `max_num_draft` a host int that must be
     >= every k_i (not checked: that would sync; a longer row would spill into the next), one
     compilation for all values; `block_v` a power of two."""
     num_seqs = is_greedy.shape[0]
     # The kernel indexes every tensor as a contiguous one.
-    tensors = (cu_num_draft, draft_token_ids, draft_probs, target_probs, target_argmax, is_greedy, accept_uniforms,
-               sample_uniforms)
+    tensors = (
+        cu_num_draft,
+        draft_token_ids,
+        draft_probs,
+        target_probs,
+        target_argmax,
+        is_greedy,
+        accept_uniforms,
+        sample_uniforms,
+    )
     assert all(t is None or t.is_contiguous() for t in tensors)
     assert cu_num_draft.dtype == torch.int32 and cu_num_draft.shape == (num_seqs + 1,)
     assert draft_token_ids.dtype == torch.int64 and target_argmax.dtype == torch.int64
@@ -208,8 +244,18 @@ def rejection_sample_triton(cu_num_draft: torch.Tensor, draft_token_ids: torch.T
     # 0, not 1, without probabilities: the JIT would compile a separate kernel for a 1.
     vocab_size = target_probs.shape[1] if target_probs is not None else 0
     _rejection_sample_kernel[(num_seqs,)](
-        out, cu_num_draft, draft_token_ids, draft_probs if draft_probs is not None else dummy,
-        target_probs if target_probs is not None else dummy, target_argmax, is_greedy, accept_uniforms,
-        sample_uniforms, vocab_size, out.stride(0), HAS_DRAFT_PROBS=draft_probs is not None, BLOCK_V=block_v,
+        out,
+        cu_num_draft,
+        draft_token_ids,
+        draft_probs if draft_probs is not None else dummy,
+        target_probs if target_probs is not None else dummy,
+        target_argmax,
+        is_greedy,
+        accept_uniforms,
+        sample_uniforms,
+        vocab_size,
+        out.stride(0),
+        HAS_DRAFT_PROBS=draft_probs is not None,
+        BLOCK_V=block_v,
     )
     return out

@@ -15,17 +15,28 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * h.to(x.dtype)
 
 
-def add_rms_norm_reference(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                           eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_reference(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`(rms_norm(x + residual), x + residual)`: the normed input of the next block and the new residual."""
     residual = x + residual
     return rms_norm_reference(residual, weight, eps), residual
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr, eps,
-                     x_stride, residual_stride, HIDDEN: tl.constexpr, BLOCK: tl.constexpr,
-                     HAS_RESIDUAL: tl.constexpr):
+def _rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    residual_out_ptr,
+    eps,
+    x_stride,
+    residual_stride,
+    HIDDEN: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+):
     # One program per row (token); the whole row fits in one block.
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -59,10 +70,17 @@ def _launch(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor
     if x2.shape[0]:
         block = triton.next_power_of_2(hidden)
         _rms_norm_kernel[(x2.shape[0],)](
-            x2, residual2 if residual is not None else x2, weight, out,
-            residual_out if residual is not None else x2, eps,
-            x2.stride(0), residual2.stride(0) if residual is not None else 0,
-            HIDDEN=hidden, BLOCK=block, HAS_RESIDUAL=residual is not None,
+            x2,
+            residual2 if residual is not None else x2,
+            weight,
+            out,
+            residual_out if residual is not None else x2,
+            eps,
+            x2.stride(0),
+            residual2.stride(0) if residual is not None else 0,
+            HIDDEN=hidden,
+            BLOCK=block,
+            HAS_RESIDUAL=residual is not None,
             num_warps=min(8, max(1, block // 256)),
         )
     out = out.view(x.shape)
@@ -73,6 +91,7 @@ def rms_norm_triton(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.
     return _launch(x, None, weight, eps)
 
 
-def add_rms_norm_triton(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
-                        eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm_triton(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     return _launch(x, residual, weight, eps)

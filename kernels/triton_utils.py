@@ -33,10 +33,27 @@ def check_dot_dim(name: str, value: int) -> None:
 
 
 @triton.jit
-def attend_paged_keys(q, m, l, acc, k_cache_ptr, v_cache_ptr, block_table, kv_head_offset, start, end, row_pos,
-                      scale_log2, cache_stride_block, cache_stride_token, HEAD_DIM: tl.constexpr,
-                      BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
-                      MASKED: tl.constexpr):
+def attend_paged_keys(
+    q,
+    m,
+    l,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_table,
+    kv_head_offset,
+    start,
+    end,
+    row_pos,
+    scale_log2,
+    cache_stride_block,
+    cache_stride_token,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """Online-softmax update of (m, l, acc) with the paged keys start .. end-1 of one KV head,
     BLOCK_N at a time (shared by the decode and prefill kernels). MASKED: mask keys past `end` and
     past each row's position `row_pos`; without it every row sees every key."""

@@ -16,10 +16,24 @@ from sut.sampling_params import SamplingParams
 def machine_description() -> str:
     """This machine, for run records: its CPU (with the C kernels' level), and the GPUs once this
     process uses CUDA (asking does not start it)."""
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_initialized() else []
+    )
     return cpu_description() + "".join(f"; GPU {i}: {name}" for i, name in enumerate(gpus))
 
 
-__all__ = ["LLM", "LLMEngine", "RequestOutput", "SamplingParams", "SaafError", "InvalidRequestError",
-           "ConfigError", "UnsupportedModelError", "CheckpointError", "machine_description", "make_engine",
-           "ReplicaPool", "WorkerError"]
+__all__ = [
+    "LLM",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "SaafError",
+    "InvalidRequestError",
+    "ConfigError",
+    "UnsupportedModelError",
+    "CheckpointError",
+    "machine_description",
+    "make_engine",
+    "ReplicaPool",
+    "WorkerError",
+]

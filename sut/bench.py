@@ -7,6 +7,7 @@ Both run in the same dtype.
 
 Prompts are real English text (stdlib docstrings), so they need neither network nor a data set.
 """
+
 import argparse
 import gc
 import importlib
@@ -20,7 +21,8 @@ from sut.errors import CheckpointError, run_cli
 
 # Fixed and sorted, so the prompts depend only on the Python version. Pure-Python modules that
 # import without side effects and are not deprecated; short ones are skipped in build_prompts.
-STDLIB_MODULES = sorted("""
+STDLIB_MODULES = sorted(
+    """
 abc argparse ast asyncio.tasks base64 bdb calendar cmd code codecs codeop collections compileall
 configparser contextlib copy csv dataclasses datetime decimal difflib dis doctest email.message
 email.utils enum filecmp fileinput fnmatch ftplib functools getopt getpass glob gzip hashlib heapq
@@ -31,7 +33,8 @@ quopri random re rlcompleter runpy sched secrets selectors shelve shutil smtplib
 socketserver statistics string struct subprocess sysconfig tabnanny tarfile tempfile textwrap
 threading timeit tokenize traceback types typing unittest.mock urllib.parse urllib.request uuid
 warnings wave weakref webbrowser xml.dom.minidom xml.etree.ElementTree zipapp zipfile zipimport
-""".split())
+""".split()
+)
 INSTRUCTION = "Summarize the following documentation in a few sentences:\n\n"
 MIN_TEXT_TOKENS = 160  # below this a module cannot reach ~200 prompt tokens; skip it
 MAX_PROMPT_TOKENS = 900
@@ -60,8 +63,7 @@ def _paragraphs(module_name):
 def _chat_ids(tokenizer, text):
     messages = [{"role": "user", "content": INSTRUCTION + text}]
     # transformers 5 returns a BatchEncoding unless return_dict=False.
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                        return_dict=False)
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
@@ -103,7 +105,7 @@ def run_hf_reference(model_dir, prompts, max_new_tokens, batch_size, pad_to, dty
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
     outputs, seconds = [], 0.0
     for start in tqdm(range(0, len(prompts), batch_size), desc="HF batches"):
-        batch = prompts[start:start + batch_size]
+        batch = prompts[start : start + batch_size]
         if max(map(len, batch)) > pad_to:
             raise ValueError(f"a prompt is longer than --hf-pad-to {pad_to}")
         input_ids = torch.tensor([[pad_id] * (pad_to - len(p)) + p for p in batch], device=device)
@@ -112,20 +114,24 @@ def run_hf_reference(model_dir, prompts, max_new_tokens, batch_size, pad_to, dty
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            gen = model.generate(input_ids=input_ids, attention_mask=mask, do_sample=False,
-                                 max_new_tokens=max_new_tokens, pad_token_id=pad_id)
+            gen = model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=pad_id,
+            )
         if device == "cuda":
             torch.cuda.synchronize()
         seconds += time.perf_counter() - t0
         for row in gen[:, pad_to:].tolist():
             # Rows that finish early are filled with padding; output ends at the first EOS.
-            outputs.append(row[:row.index(eos_id) + 1] if eos_id in row else row)
+            outputs.append(row[: row.index(eos_id) + 1] if eos_id in row else row)
     return outputs, seconds
 
 
 def main():
-    ap = argparse.ArgumentParser(prog="python -m sut.bench",
-                                 description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m sut.bench", description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="converted model directory")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=128)
@@ -141,15 +147,21 @@ def main():
     torch.set_num_threads(len(cores))
 
     from sut import LLM, SamplingParams
-    llm = LLM(args.model, dtype=args.dtype,
-              cpu={"quantized_weights": not args.no_quantized_weights, "int16_activations": args.int16})
+
+    llm = LLM(
+        args.model,
+        dtype=args.dtype,
+        cpu={"quantized_weights": not args.no_quantized_weights, "int16_activations": args.int16},
+    )
     if llm.tokenizer is None:
         raise CheckpointError(f"{args.model}: the model folder has no tokenizer (the prompts are text)")
     prompts = build_prompts(llm.tokenizer, args.num_prompts)
     lens = [len(p) for p in prompts]
     t0 = time.perf_counter()
-    ours = [list(o.token_ids) for o in llm.generate(
-        prompts, SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens), use_tqdm=True)]
+    ours = [
+        list(o.token_ids)
+        for o in llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens), use_tqdm=True)
+    ]
     ours_s = time.perf_counter() - t0  # generate only, not model loading
     ours_tok = sum(map(len, ours))
     kv = llm.kv_cache_stats()
@@ -163,28 +175,36 @@ def main():
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-    rows = [("dtype", args.dtype), ("prompts", f"{len(prompts)}"),
-            ("prompt tokens mean / max", f"{sum(lens) / len(lens):.1f} / {max(lens)}"),
-            ("ours: output tokens", f"{ours_tok}"),
-            ("ours: output tok/s", f"{ours_tok / ours_s:.1f}  ({ours_s:.2f} s)"),
-            ("ours: peak KV-cache utilization", f"{kv_util:.3f}  (target >= 0.90)"),
-            ("ours: pool occupancy at peak", f"{pool_occ:.3f}  ({kv['peak_blocks_used']}"
-                                             f"/{kv['num_blocks']} blocks of {kv['block_size']})"),
-            ("ours: preemptions", f"{kv['num_preemptions']}")]
+    rows = [
+        ("dtype", args.dtype),
+        ("prompts", f"{len(prompts)}"),
+        ("prompt tokens mean / max", f"{sum(lens) / len(lens):.1f} / {max(lens)}"),
+        ("ours: output tokens", f"{ours_tok}"),
+        ("ours: output tok/s", f"{ours_tok / ours_s:.1f}  ({ours_s:.2f} s)"),
+        ("ours: peak KV-cache utilization", f"{kv_util:.3f}  (target >= 0.90)"),
+        (
+            "ours: pool occupancy at peak",
+            f"{pool_occ:.3f}  ({kv['peak_blocks_used']}/{kv['num_blocks']} blocks of {kv['block_size']})",
+        ),
+        ("ours: preemptions", f"{kv['num_preemptions']}"),
+    ]
     summary = f"ours {ours_tok / ours_s:.1f} tok/s, KV utilization {kv_util:.3f}"
     if not args.skip_hf:
-        hf, hf_s = run_hf_reference(args.model, prompts, args.max_new_tokens,
-                                    args.hf_batch_size, args.hf_pad_to, getattr(torch, args.dtype))
+        hf, hf_s = run_hf_reference(
+            args.model, prompts, args.max_new_tokens, args.hf_batch_size, args.hf_pad_to, getattr(torch, args.dtype)
+        )
         hf_tok = sum(map(len, hf))
         ratio = (ours_tok / ours_s) / (hf_tok / hf_s)
         # A static cache reserves pad_to + max_new_tokens slots per row, whatever the row uses.
         hf_util = (sum(lens) + hf_tok) / (len(prompts) * (args.hf_pad_to + args.max_new_tokens))
         same = sum(a == b for a, b in zip(ours, hf))
-        rows += [("HF: output tokens", f"{hf_tok}"),
-                 ("HF: output tok/s", f"{hf_tok / hf_s:.1f}  ({hf_s:.2f} s)"),
-                 ("speedup ours / HF", f"{ratio:.2f}x  (target >= 3.0)"),
-                 ("HF: static-cache utilization", f"{hf_util:.3f}"),
-                 ("identical outputs", f"{same}/{len(prompts)}")]
+        rows += [
+            ("HF: output tokens", f"{hf_tok}"),
+            ("HF: output tok/s", f"{hf_tok / hf_s:.1f}  ({hf_s:.2f} s)"),
+            ("speedup ours / HF", f"{ratio:.2f}x  (target >= 3.0)"),
+            ("HF: static-cache utilization", f"{hf_util:.3f}"),
+            ("identical outputs", f"{same}/{len(prompts)}"),
+        ]
         summary += f"; HF {hf_tok / hf_s:.1f} tok/s; speedup {ratio:.2f}x; {same} identical"
     width = max(len(k) for k, _ in rows)
     print()

@@ -87,7 +87,7 @@ class BlockManager:
 
     def _resize(self, rows: int, width: int) -> None:
         grown = np.zeros((rows, width), dtype=np.int32)
-        grown[:self.block_tables.shape[0], :self.block_tables.shape[1]] = self.block_tables
+        grown[: self.block_tables.shape[0], : self.block_tables.shape[1]] = self.block_tables
         self.block_tables = grown
 
     def free(self, seq: Sequence) -> None:
@@ -100,7 +100,7 @@ class BlockManager:
             if block.ref_count == 0:
                 self.free_block_ids[block_id] = None
         if seq.block_row is not None:
-            self.block_tables[seq.block_row, :len(seq.block_table)] = 0
+            self.block_tables[seq.block_row, : len(seq.block_table)] = 0
             self.free_rows.append(seq.block_row)
             seq.block_row = None
         seq.block_table = []
@@ -116,7 +116,7 @@ class BlockManager:
         hashes: list[int] = []
         parent = None
         for i in range((len(tokens) - 1) // size):
-            chunk = tuple(tokens[i * size:(i + 1) * size])
+            chunk = tuple(tokens[i * size : (i + 1) * size])
             parent = hash((parent, chunk))
             block_id = self.hash_to_block_id.get(parent)
             if block_id is None or self.blocks[block_id].token_ids != chunk:
@@ -138,7 +138,7 @@ class BlockManager:
         hashes = seq.block_hashes
         tokens, size = seq.token_ids, self.block_size
         for i in range(len(hashes), seq.num_computed_tokens // size):
-            chunk = tuple(tokens[i * size:(i + 1) * size])
+            chunk = tuple(tokens[i * size : (i + 1) * size])
             h = hash((hashes[-1] if hashes else None, chunk))
             hashes.append(h)
             block = self.blocks[seq.block_table[i]]
@@ -156,14 +156,17 @@ class BlockManager:
             assert len(set(seq.block_table)) == len(seq.block_table), f"{seq} holds a block twice"
             if seq.block_table:
                 row = self.block_tables[seq.block_row]
-                assert row[:len(seq.block_table)].tolist() == seq.block_table and not row[len(seq.block_table):].any(), (
-                    f"{seq}: its block-table row is not its block table")
+                assert (
+                    row[: len(seq.block_table)].tolist() == seq.block_table and not row[len(seq.block_table) :].any()
+                ), f"{seq}: its block-table row is not its block table"
             for block_id in seq.block_table:
                 holders[block_id] += 1
         for block in self.blocks:
             assert block.ref_count == holders[block.block_id], (
-                f"block {block.block_id}: ref_count {block.ref_count}, held by {holders[block.block_id]}")
+                f"block {block.block_id}: ref_count {block.ref_count}, held by {holders[block.block_id]}"
+            )
             assert (block.ref_count == 0) == (block.block_id in self.free_block_ids), (
-                f"block {block.block_id}: ref_count {block.ref_count} but free={block.block_id in self.free_block_ids}")
+                f"block {block.block_id}: ref_count {block.ref_count} but free={block.block_id in self.free_block_ids}"
+            )
         for h, block_id in self.hash_to_block_id.items():
             assert self.blocks[block_id].hash == h, f"hash map points to block {block_id} with another hash"

@@ -26,8 +26,11 @@ def sha256_of(path: Path) -> str:
 
 def write_sums(folder: Path) -> None:
     """folder's SHA256SUMS, of every file in it and below but dotfiles (markers)."""
-    names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*")
-                   if p.is_file() and p.name != SUMS_FILE and not p.name.startswith("."))
+    names = sorted(
+        p.relative_to(folder).as_posix()
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != SUMS_FILE and not p.name.startswith(".")
+    )
     (folder / SUMS_FILE).write_text("".join(f"{sha256_of(folder / name)}  {name}\n" for name in names))
 
 
@@ -64,8 +67,10 @@ def verify_folder(folder: Path) -> int:
         found = dict(zip(names, pool.map(lambda name: sha256_of(folder / name), names)))
     for name in sorted(sums):
         if found[name] != sums[name]:
-            raise CheckpointError(f"{folder / name}: its SHA-256 is {found[name]}, and {SUMS_FILE} says "
-                                  f"{sums[name]}: the file changed since it was written (a bad copy or an "
-                                  f"edit); restore it, or set the engine setting verify_checksums to false to "
-                                  f"load it as it is")
+            raise CheckpointError(
+                f"{folder / name}: its SHA-256 is {found[name]}, and {SUMS_FILE} says "
+                f"{sums[name]}: the file changed since it was written (a bad copy or an "
+                f"edit); restore it, or set the engine setting verify_checksums to false to "
+                f"load it as it is"
+            )
     return sum((folder / name).stat().st_size for name in names)

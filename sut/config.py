@@ -69,7 +69,9 @@ class ModelConfig:
                 f"{where}: architecture {archs} is not supported; supported: {list(SUPPORTED_ARCHITECTURES)}"
             )
         if raw.get("hidden_act", "silu") != "silu":
-            raise UnsupportedModelError(f"{where}: hidden_act {raw['hidden_act']!r} is not supported; supported: 'silu'")
+            raise UnsupportedModelError(
+                f"{where}: hidden_act {raw['hidden_act']!r} is not supported; supported: 'silu'"
+            )
 
         def need(key):
             if key not in raw:
@@ -82,7 +84,9 @@ class ModelConfig:
         hidden, heads = need("hidden_size"), need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads
         if heads % kv_heads:
-            raise ConfigError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+            raise ConfigError(
+                f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
         # transformers 5 nests rope settings under rope_parameters; older files keep rope_theta/rope_scaling.
         rope = dict(raw.get("rope_parameters") or {})
         rope_theta = rope.get("rope_theta", raw.get("rope_theta", 10000.0))
@@ -90,13 +94,17 @@ class ModelConfig:
         rope_type = scaling.get("rope_type", scaling.get("type", "default"))
         if rope_type == "llama3":
             rope_scaling = RopeScaling(
-                float(scaling["factor"]), float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"]),
+                float(scaling["factor"]),
+                float(scaling["low_freq_factor"]),
+                float(scaling["high_freq_factor"]),
                 int(scaling["original_max_position_embeddings"]),
             )
         elif rope_type == "default":
             rope_scaling = None
         else:
-            raise UnsupportedModelError(f"{where}: rope type {rope_type!r} is not supported; supported: default, llama3")
+            raise UnsupportedModelError(
+                f"{where}: rope type {rope_type!r} is not supported; supported: default, llama3"
+            )
         dtype_name = raw.get("dtype") or raw.get("torch_dtype") or "float32"
         if dtype_name not in DTYPES:
             raise ConfigError(f"{where}: dtype {dtype_name!r} is not one of {list(DTYPES)}")
@@ -153,7 +161,9 @@ class EngineConfig:
     verify_checksums: bool = True
     dtype: str = "auto"  # "auto" = the checkpoint's dtype
     device: str = "auto"  # "auto" = cuda when available, else cpu
-    kernels: str = "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"
+    kernels: str = (
+        "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"
+    )
     seed: int = 0  # for sampled requests without their own seed
     # Decode-only steps from CUDA graphs (sut/cuda_graphs.py); off until a GPU run has verified them.
     cuda_graphs: bool = False
@@ -168,8 +178,13 @@ class EngineConfig:
         unknown = sorted(set(kwargs) - known)
         if unknown:
             raise ConfigError(f"unknown engine setting(s) {unknown}; known settings: {sorted(known)}")
-        config = EngineConfig(**{**kwargs, "cpu": CpuSettings.from_value(kwargs.get("cpu", {})),
-                                 "speculative_config": SpeculativeConfig.from_value(kwargs.get("speculative_config"))})
+        config = EngineConfig(
+            **{
+                **kwargs,
+                "cpu": CpuSettings.from_value(kwargs.get("cpu", {})),
+                "speculative_config": SpeculativeConfig.from_value(kwargs.get("speculative_config")),
+            }
+        )
         config.validate()
         return config
 
@@ -182,13 +197,16 @@ class EngineConfig:
                 continue  # cpu and speculative_config: checked by their own classes (from_kwargs)
             what, test = RANGES.get(f.name, (KIND_WORDS[kind], None))
             if not _is_kind(value, kind) or (test is not None and not test(value)):
-                raise ConfigError(f"engine setting {f.name} must be {what}{' or None' if optional else ''}, "
-                                  f"got {value!r}")
+                raise ConfigError(
+                    f"engine setting {f.name} must be {what}{' or None' if optional else ''}, got {value!r}"
+                )
         if (self.tpot_cap_ms is None) != (self.ttft_patience_ms is None):
             raise ConfigError("engine settings tpot_cap_ms and ttft_patience_ms go together: set both or neither")
         if self.tpot_cap_ms is not None and (self.tpot_target_ms is None or self.tpot_cap_ms < self.tpot_target_ms):
-            raise ConfigError(f"engine setting tpot_cap_ms ({self.tpot_cap_ms!r}) needs a tpot_target_ms at most as large, "
-                              f"got {self.tpot_target_ms!r}")
+            raise ConfigError(
+                f"engine setting tpot_cap_ms ({self.tpot_cap_ms!r}) needs a tpot_target_ms at most as large, "
+                f"got {self.tpot_target_ms!r}"
+            )
         if self.block_size & (self.block_size - 1):
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
         if self.static_batching and self.speculative_config is not None:
@@ -204,10 +222,22 @@ KIND_WORDS = {bool: "true or false", int: "an integer", float: "a finite number"
 
 # Settings whose values are narrower than their kind: (what the error says they must be, the test).
 RANGES = {
-    **dict.fromkeys(("max_num_batched_tokens", "max_num_seqs", "max_model_len", "block_size", "num_kv_blocks",
-                     "data_parallel_size", "tensor_parallel_size"), ("a positive integer", lambda v: v >= 1)),
-    **dict.fromkeys(("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms", "kv_cache_memory_gb"),
-                    ("a positive finite number", lambda v: v > 0)),
+    **dict.fromkeys(
+        (
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "max_model_len",
+            "block_size",
+            "num_kv_blocks",
+            "data_parallel_size",
+            "tensor_parallel_size",
+        ),
+        ("a positive integer", lambda v: v >= 1),
+    ),
+    **dict.fromkeys(
+        ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms", "kv_cache_memory_gb"),
+        ("a positive finite number", lambda v: v > 0),
+    ),
     "gpu_memory_utilization": ("a number in (0, 1]", lambda v: 0 < v <= 1),
     "seed": ("an integer in [0, 2**63)", lambda v: 0 <= v < 2**63),
     "dtype": (f"'auto' or one of {list(DTYPES)}", lambda v: v == "auto" or v in DTYPES),

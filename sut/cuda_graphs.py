@@ -34,8 +34,15 @@ def capture_cuda_graph(run: Callable[[], torch.Tensor], pool) -> tuple[object, t
 
 
 class DecodeGraphs:
-    def __init__(self, model, max_batch: int, max_blocks_per_seq: int, max_model_len: int, device: torch.device,
-                 capture: Callable = capture_cuda_graph):
+    def __init__(
+        self,
+        model,
+        max_batch: int,
+        max_blocks_per_seq: int,
+        max_model_len: int,
+        device: torch.device,
+        capture: Callable = capture_cuda_graph,
+    ):
         """`capture(run, pool) -> (graph with .replay(), output tensor, pool)`: CUDA graphs, or a
         stand-in in tests (CPU has no graphs)."""
         self.sizes = graph_batch_sizes(max_batch)
@@ -49,21 +56,31 @@ class DecodeGraphs:
         self.graphs, self.outputs = {}, {}
         pool = None
         for size in reversed(self.sizes):  # the largest first: the smaller ones reuse its memory
-            meta = AttentionMetadata(self.slot_mapping[:size], self.block_tables[:size], self.cu_seqlens_q[:size + 1],
-                                     self.seq_lens[:size], [1] * size, [max_model_len] * size)
-            run = (lambda size=size, meta=meta: model(self.input_ids[:size], self.positions[:size], meta))
+            meta = AttentionMetadata(
+                self.slot_mapping[:size],
+                self.block_tables[:size],
+                self.cu_seqlens_q[: size + 1],
+                self.seq_lens[:size],
+                [1] * size,
+                [max_model_len] * size,
+            )
+            run = lambda size=size, meta=meta: model(self.input_ids[:size], self.positions[:size], meta)
             self.graphs[size], self.outputs[size], pool = capture(run, pool)
 
     def run(self, step: StepInput) -> torch.Tensor | None:
         """The step's hidden states from a graph, or None for a step it does not take."""
         n = len(step.query_lens_host)
-        if n > self.sizes[-1] or step.input_ids.shape[0] != n or step.block_tables.shape[1] > self.block_tables.shape[1]:
+        if (
+            n > self.sizes[-1]
+            or step.input_ids.shape[0] != n
+            or step.block_tables.shape[1] > self.block_tables.shape[1]
+        ):
             return None
         size = next(s for s in self.sizes if s >= n)
         self.input_ids[:n].copy_(step.input_ids, non_blocking=True)
         self.positions[:n].copy_(step.positions, non_blocking=True)
         self.slot_mapping[:n].copy_(step.slot_mapping, non_blocking=True)
-        self.block_tables[:n, :step.block_tables.shape[1]].copy_(step.block_tables, non_blocking=True)
+        self.block_tables[:n, : step.block_tables.shape[1]].copy_(step.block_tables, non_blocking=True)
         self.seq_lens[:n].copy_(step.seq_lens, non_blocking=True)
         # Padding rows: no K/V written, one token of block 0 read (the last step may have left others).
         self.slot_mapping[n:size].fill_(-1)

@@ -21,8 +21,8 @@ import torch.distributed as dist
 
 from sut.block_manager import BlockManager
 from sut.checksums import verify_folder
-from sut.draft_proposer import DraftModelProposer, check_draft_folder
 from sut.config import DTYPES, EngineConfig, ModelConfig
+from sut.draft_proposer import DraftModelProposer, check_draft_folder
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, WorkerError
 from sut.model_runner import ModelRunner
 from sut.proposer import NgramProposer
@@ -49,8 +49,10 @@ class LLMEngine:
     def __init__(self, model_path: str | Path, **settings):
         self.config = EngineConfig.from_kwargs(**settings)
         if self.config.data_parallel_size > 1:
-            raise ConfigError("engine setting data_parallel_size > 1 runs several engines: use sut.make_engine "
-                              "(or LLM), which starts them")
+            raise ConfigError(
+                "engine setting data_parallel_size > 1 runs several engines: use sut.make_engine "
+                "(or LLM), which starts them"
+            )
         folder = Path(model_path).expanduser()
         if not folder.is_dir():
             raise CheckpointError(f"{folder}: model folder does not exist")
@@ -58,13 +60,17 @@ class LLMEngine:
         mc = self.model_config
         self.max_model_len = _max_model_len(self.config, mc)
         if self.max_model_len > mc.max_position_embeddings:
-            raise ConfigError(f"engine setting max_model_len={self.max_model_len} exceeds the model's "
-                              f"max_position_embeddings={mc.max_position_embeddings}")
+            raise ConfigError(
+                f"engine setting max_model_len={self.max_model_len} exceeds the model's "
+                f"max_position_embeddings={mc.max_position_embeddings}"
+            )
         whole_prompts = self.config.static_batching or not self.config.enable_chunked_prefill
         if whole_prompts and self.max_model_len > self.config.max_num_batched_tokens:
-            raise ConfigError(f"without chunked prefill every sequence must fit one step: max_model_len "
-                              f"{self.max_model_len} exceeds max_num_batched_tokens "
-                              f"{self.config.max_num_batched_tokens}; lower the one or raise the other")
+            raise ConfigError(
+                f"without chunked prefill every sequence must fit one step: max_model_len "
+                f"{self.max_model_len} exceeds max_num_batched_tokens "
+                f"{self.config.max_num_batched_tokens}; lower the one or raise the other"
+            )
         device = self.config.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -77,9 +83,11 @@ class LLMEngine:
                 draft_folder = Path(spec.model).expanduser()
                 draft_config = check_draft_folder(draft_folder, folder, mc)
                 if draft_config.max_position_embeddings < self.max_model_len:
-                    raise ConfigError(f"engine setting speculative_config.model: the draft {draft_folder} has "
-                                      f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
-                                      f"target's max_model_len={self.max_model_len}")
+                    raise ConfigError(
+                        f"engine setting speculative_config.model: the draft {draft_folder} has "
+                        f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
+                        f"target's max_model_len={self.max_model_len}"
+                    )
         if self.config.verify_checksums:
             verify_folder(folder)
             if spec is not None and spec.method == "draft_model":
@@ -91,8 +99,9 @@ class LLMEngine:
             draft = (draft_config, sum(f.stat().st_size for f in draft_folder.glob("*.safetensors")))
         self.ranks, shard = self._start_ranks(folder, settings)
         try:
-            self.runner = ModelRunner(folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft,
-                                      shard=shard)
+            self.runner = ModelRunner(
+                folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft, shard=shard
+            )
             if shard is not None:  # the other ranks size their caches as this one, then say what they hold
                 broadcast(self.runner.num_blocks)
                 self.rank_weight_bytes = [None] * shard.size
@@ -106,8 +115,16 @@ class LLMEngine:
         if spec is not None and spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
         elif spec is not None:
-            self.proposer = DraftModelProposer(draft_folder, draft_config, self.config, self.max_model_len, self.dtype,
-                                               self.device, self.runner.num_blocks, self.default_generator)
+            self.proposer = DraftModelProposer(
+                draft_folder,
+                draft_config,
+                self.config,
+                self.max_model_len,
+                self.dtype,
+                self.device,
+                self.runner.num_blocks,
+                self.default_generator,
+            )
         self._lock = threading.Lock()
         self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
         self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
@@ -122,15 +139,24 @@ class LLMEngine:
         if self.config.cuda_graphs:
             raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
         if self.device.type == "cuda" and torch.cuda.device_count() < size:
-            raise ConfigError(f"engine setting tensor_parallel_size={size} needs {size} GPUs, and "
-                              f"{torch.cuda.device_count()} are visible")
+            raise ConfigError(
+                f"engine setting tensor_parallel_size={size} needs {size} GPUs, and "
+                f"{torch.cuda.device_count()} are visible"
+            )
         if self.device.type == "cuda":
             self.device = torch.device("cuda", 0)  # rank r runs on the r-th visible GPU
         elif hasattr(os, "sched_getaffinity"):
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
         port, ctx = free_port(), mp.get_context("spawn")
-        ranks = [ctx.Process(target=worker_main, name=f"saaf-tp-rank-{r}", daemon=True,
-                             args=(r, size, port, str(folder), settings, self.device.type)) for r in range(1, size)]
+        ranks = [
+            ctx.Process(
+                target=worker_main,
+                name=f"saaf-tp-rank-{r}",
+                daemon=True,
+                args=(r, size, port, str(folder), settings, self.device.type),
+            )
+            for r in range(1, size)
+        ]
         for proc in ranks:
             proc.start()
         init_group(0, size, port, self.device)
@@ -149,8 +175,9 @@ class LLMEngine:
 
     def _reset_scheduling(self) -> None:
         """A block manager and scheduler with nothing cached, counted or timed."""
-        self.block_manager = BlockManager(self.runner.num_blocks, self.config.block_size,
-                                          self.config.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
         self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
 
     def warmup(self) -> float:
@@ -167,8 +194,10 @@ class LLMEngine:
         longest = max(1, min(self.max_model_len - 8, budget + budget // 2))  # two chunks
         lengths = [7, longest] + [1 + (13 * i) % 48 for i in range(max(0, min(self.config.max_num_seqs, 16) - 2))]
         prompts = [[(31 * i + 7 * j + 1) % vocab for j in range(n)] for i, n in enumerate(lengths)]
-        params = [SamplingParams(max_tokens=6, ignore_eos=True, **({} if i % 2 else {"temperature": 1.0, "seed": i}))
-                  for i in range(len(prompts))]
+        params = [
+            SamplingParams(max_tokens=6, ignore_eos=True, **({} if i % 2 else {"temperature": 1.0, "seed": i}))
+            for i in range(len(prompts))
+        ]
         for group in ([0], range(1, len(prompts))):
             self.submit([self.make_sequence(prompts[i], params[i]) for i in group])
             while self.has_unfinished():
@@ -178,8 +207,13 @@ class LLMEngine:
         return time.perf_counter() - start
 
     # ---- requests -------------------------------------------------------------------------
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None, request_id=None,
-                    on_token: Callable[[int], None] | None = None):
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id=None,
+        on_token: Callable[[int], None] | None = None,
+    ):
         """Queue a request; return its id. `on_token(token_id)` is called as each token is sampled."""
         seq = self.make_sequence(prompt, params, request_id, on_token)
         self.submit([seq])
@@ -189,8 +223,9 @@ class LLMEngine:
         """Validate a request and build its sequence without queueing it."""
         if request_id is None:
             request_id = next(self._next_id)
-        return make_sequence(prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size,
-                             self.max_model_len)
+        return make_sequence(
+            prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size, self.max_model_len
+        )
 
     def submit(self, seqs: list[Sequence]) -> None:
         with self._lock:
@@ -228,11 +263,18 @@ class LLMEngine:
                     raise WorkerError(dead) from e
                 raise
             if self.proposer is None:
-                sampled = [None if t is None else [t] for t in sample(logits, batch.sampling_seqs, self.eos_token_ids,
-                                                                      self.default_generator)]
+                sampled = [
+                    None if t is None else [t]
+                    for t in sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)
+                ]
             else:
-                sampled = verify(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator,
-                                 self.runner.model.ops.rejection_sample)
+                sampled = verify(
+                    logits,
+                    batch.sampling_seqs,
+                    self.eos_token_ids,
+                    self.default_generator,
+                    self.runner.model.ops.rejection_sample,
+                )
             now = time.perf_counter()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
@@ -279,8 +321,15 @@ class LLMEngine:
         text = None
         if self.tokenizer is not None:
             text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
-        return RequestOutput(seq.request_id, seq.prompt_token_ids, list(seq.output_token_ids), text,
-                             seq.finish_reason, seq.error, seq.num_preemptions)
+        return RequestOutput(
+            seq.request_id,
+            seq.prompt_token_ids,
+            list(seq.output_token_ids),
+            text,
+            seq.finish_reason,
+            seq.error,
+            seq.num_preemptions,
+        )
 
     def close(self) -> None:
         """Stop the other tensor-parallel ranks, if any, and wait for them (killing one that does not
@@ -307,9 +356,13 @@ class LLMEngine:
         spec = self.config.speculative_config
         if spec is None:
             return None
-        return {"method": spec.method, "description": spec.describe(),
-                "num_speculative_tokens": spec.num_speculative_tokens, "adaptive": spec.adaptive,
-                **self.scheduler.spec_metrics.summary()}
+        return {
+            "method": spec.method,
+            "description": spec.describe(),
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "adaptive": spec.adaptive,
+            **self.scheduler.spec_metrics.summary(),
+        }
 
     def busy_stats(self) -> dict:
         """Seconds the steps took since the engine started (or warmed up), split between prefill and
@@ -339,12 +392,20 @@ def build_runner(model_path: str, settings: dict, device: torch.device, shard: S
     """Tensor-parallel rank `shard.rank`'s runner: the engine's settings and model, its part of them."""
     config = EngineConfig.from_kwargs(**settings)
     mc = ModelConfig.from_folder(model_path)
-    return ModelRunner(model_path, mc, config, _max_model_len(config, mc), _dtype(config, mc), device, num_blocks,
-                       shard=shard)
+    return ModelRunner(
+        model_path, mc, config, _max_model_len(config, mc), _dtype(config, mc), device, num_blocks, shard=shard
+    )
 
 
-def make_sequence(prompt: str | list[int], params: SamplingParams | None, request_id, on_token, tokenizer,
-                  vocab_size: int, max_model_len: int) -> Sequence:
+def make_sequence(
+    prompt: str | list[int],
+    params: SamplingParams | None,
+    request_id,
+    on_token,
+    tokenizer,
+    vocab_size: int,
+    max_model_len: int,
+) -> Sequence:
     """A request's sequence, after checking its prompt (text needs `tokenizer`) and its stop tokens
     against the vocabulary, and clamping max_tokens to what max_model_len leaves: InvalidRequestError
     naming what is wrong."""
@@ -364,10 +425,14 @@ def make_sequence(prompt: str | list[int], params: SamplingParams | None, reques
         raise InvalidRequestError("prompt is empty")
     for pos, t in enumerate(token_ids):
         if not 0 <= t < vocab_size:
-            raise InvalidRequestError(f"prompt token id {t} at position {pos} is outside the vocabulary [0, {vocab_size})")
+            raise InvalidRequestError(
+                f"prompt token id {t} at position {pos} is outside the vocabulary [0, {vocab_size})"
+            )
     if len(token_ids) >= max_model_len:
-        raise InvalidRequestError(f"prompt has {len(token_ids)} tokens; the maximum is {max_model_len - 1} "
-                                  f"(max_model_len={max_model_len}, with room for one new token)")
+        raise InvalidRequestError(
+            f"prompt has {len(token_ids)} tokens; the maximum is {max_model_len - 1} "
+            f"(max_model_len={max_model_len}, with room for one new token)"
+        )
     max_tokens = min(params.max_tokens, max_model_len - len(token_ids))
     generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
     return Sequence(request_id, token_ids, params, max_tokens, on_token, generator)

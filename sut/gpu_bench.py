@@ -26,11 +26,21 @@ from sut.sequence import Sequence
 from sut.tensor_parallel import Shard, broadcast, free_port, init_group, serve
 
 LLAMA_31_8B = dict(
-    architectures=["LlamaForCausalLM"], vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-    num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-5,
-    rope_theta=500000.0, max_position_embeddings=131072, dtype="bfloat16",
-    rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                      original_max_position_embeddings=8192),
+    architectures=["LlamaForCausalLM"],
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    dtype="bfloat16",
+    rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+    ),
 )
 
 
@@ -38,19 +48,37 @@ class StepBench:
     """A random model on `device` with a KV pool for `max_tokens` tokens, and steps over made-up
     sequences (their K/V are whatever the pool holds: attention's cost does not depend on it)."""
 
-    def __init__(self, raw_config: dict, device: torch.device, max_num_seqs: int, max_model_len: int,
-                 max_tokens: int, cuda_graphs: bool = False, block_size: int = 16, **settings):
+    def __init__(
+        self,
+        raw_config: dict,
+        device: torch.device,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_tokens: int,
+        cuda_graphs: bool = False,
+        block_size: int = 16,
+        **settings,
+    ):
         self.model_config = ModelConfig.from_dict(raw_config, "the benchmark's model")
         mc, dtype = self.model_config, self.model_config.dtype
         self.device = torch.device(device)
         num_blocks = -(-max_tokens // block_size) + max_num_seqs
-        self.config = EngineConfig.from_kwargs(max_num_seqs=max_num_seqs, block_size=block_size, num_kv_blocks=num_blocks,
-                                               max_model_len=max_model_len, cuda_graphs=cuda_graphs, **settings)
+        self.config = EngineConfig.from_kwargs(
+            max_num_seqs=max_num_seqs,
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            max_model_len=max_model_len,
+            cuda_graphs=cuda_graphs,
+            **settings,
+        )
         model = random_model(mc, dtype, self.device)
         self.runner = ModelRunner(None, mc, self.config, max_model_len, dtype, self.device, num_blocks, model=model)
         self.block_manager = BlockManager(num_blocks, block_size)
-        self.weight_bytes = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                                if "embed_tokens" not in n or mc.tie_word_embeddings)  # a step reads embedding rows only
+        self.weight_bytes = sum(
+            p.numel() * p.element_size()
+            for n, p in model.named_parameters()
+            if "embed_tokens" not in n or mc.tie_word_embeddings
+        )  # a step reads embedding rows only
         self.kv_bytes_per_token = kv_bytes_per_block(mc, block_size, dtype) // block_size
         self._next = 0
 
@@ -95,22 +123,36 @@ class StepBench:
                 self.block_manager.free(seq)
         gpu_ms = statistics.median(gpu)
         kv_bytes = (num_decodes * context + (2 * prefill if prefill else 0)) * self.kv_bytes_per_token
-        return dict(decodes=num_decodes, context=context, prefill=prefill, gpu_ms=gpu_ms,
-                    host_ms=statistics.median(host), tokens_per_s=(num_decodes + prefill) / gpu_ms * 1e3,
-                    bytes_read=self.weight_bytes + kv_bytes, gbps=(self.weight_bytes + kv_bytes) / gpu_ms / 1e6,
-                    cuda_graphs=self.runner.graphs is not None)
+        return dict(
+            decodes=num_decodes,
+            context=context,
+            prefill=prefill,
+            gpu_ms=gpu_ms,
+            host_ms=statistics.median(host),
+            tokens_per_s=(num_decodes + prefill) / gpu_ms * 1e3,
+            bytes_read=self.weight_bytes + kv_bytes,
+            gbps=(self.weight_bytes + kv_bytes) / gpu_ms / 1e6,
+            cuda_graphs=self.runner.graphs is not None,
+        )
 
 
-def tensor_parallel_check(raw_config: dict, device_type: str, size: int = 2, steps: int = 6, seed: int = 0,
-                          **settings) -> dict:
+def tensor_parallel_check(
+    raw_config: dict, device_type: str, size: int = 2, steps: int = 6, seed: int = 0, **settings
+) -> dict:
     """`size` ranks (processes on torch.distributed, one GPU each on CUDA) against one process on the
     same random model (random_model gives each rank its slices): a prefill of three prompts, then
     greedy decode steps, the ranks' logits against the one process's. Returns the largest logit
     difference, the logits' scale and whether every greedy token agreed."""
     ctx = mp.get_context("spawn")
     port, results = free_port(), ctx.Queue()
-    procs = [ctx.Process(target=_check_rank, args=(r, size, port, raw_config, device_type, steps, seed, settings,
-                                                    results), name=f"saaf-tp-check-{r}") for r in range(size)]
+    procs = [
+        ctx.Process(
+            target=_check_rank,
+            args=(r, size, port, raw_config, device_type, steps, seed, settings, results),
+            name=f"saaf-tp-check-{r}",
+        )
+        for r in range(size)
+    ]
     for proc in procs:
         proc.start()
     try:
@@ -120,8 +162,9 @@ def tensor_parallel_check(raw_config: dict, device_type: str, size: int = 2, ste
             except queue.Empty:
                 dead = [r for r, proc in enumerate(procs) if proc.exitcode not in (None, 0)]
                 if dead:
-                    raise RuntimeError(f"tensor-parallel check: rank {dead[0]} died (exit code "
-                                       f"{procs[dead[0]].exitcode})") from None
+                    raise RuntimeError(
+                        f"tensor-parallel check: rank {dead[0]} died (exit code {procs[dead[0]].exitcode})"
+                    ) from None
     finally:
         for proc in procs:
             proc.join(timeout=30)
@@ -138,8 +181,17 @@ def _check_rank(rank, size, port, raw_config, device_type, steps, seed, settings
         mc = ModelConfig.from_dict(raw_config, "the check's model")
         config = EngineConfig.from_kwargs(block_size=16, num_kv_blocks=16, max_model_len=128, **settings)
         shard = Shard(rank, size)
-        tp = ModelRunner(None, mc, config, 128, mc.dtype, device, 16, model=random_model(mc, mc.dtype, device, seed,
-                                                                                         shard), shard=shard)
+        tp = ModelRunner(
+            None,
+            mc,
+            config,
+            128,
+            mc.dtype,
+            device,
+            16,
+            model=random_model(mc, mc.dtype, device, seed, shard),
+            shard=shard,
+        )
         if rank:
             serve(tp, device)
             return

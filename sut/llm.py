@@ -14,8 +14,9 @@ class LLM:
         self.engine = make_engine(model, **engine_settings)  # several replicas with data_parallel_size > 1
         self.tokenizer = self.engine.tokenizer
 
-    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None, use_tqdm: bool = False
+    ) -> list[RequestOutput]:
         """Generate for a prompt or a list of prompts (text or token ids); outputs in input order.
         Every request is validated before any runs, so a bad one fails the call up front (an
         InvalidRequestError naming its index). A step that raises (other than a dead worker, which

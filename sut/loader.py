@@ -55,7 +55,8 @@ def tensor_names(folder: Path, files: list[Path]) -> dict[Path, list[str]]:
                 raise CheckpointError(
                     f"{folder}: tensor {name!r} is in both {seen[name].name} and {file.name}, so one of them is not "
                     "a shard of the checkpoint: remove it, or convert the folder again if an older converter wrote "
-                    "it (`make models` for the demo model)")
+                    "it (`make models` for the demo model)"
+                )
             seen[name] = file
     return names_in
 
@@ -71,13 +72,18 @@ def checkpoint_layout(model: LlamaForCausalLM) -> dict[str, tuple[str, int, torc
                 continue
             parent, row = module_name.rpartition(".")[0], 0
             for shard, rows in module.shards.items():
-                layout[f"{parent}.{shard}.{leaf}"] = (f"{module_name}.{leaf}", row, torch.Size([rows, *param.shape[1:]]))
+                layout[f"{parent}.{shard}.{leaf}"] = (
+                    f"{module_name}.{leaf}",
+                    row,
+                    torch.Size([rows, *param.shape[1:]]),
+                )
                 row += rows
     return layout
 
 
-def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-               shard: Shard | None = None) -> LlamaForCausalLM:
+def load_model(
+    folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard | None = None
+) -> LlamaForCausalLM:
     """`shard`: a tensor-parallel rank's part (sut/tensor_parallel.py), of which alone it reads the
     checkpoint's slices."""
     from safetensors import SafetensorError, safe_open
@@ -106,8 +112,10 @@ def load_model(folder: str | Path, config: ModelConfig, dtype: torch.dtype, devi
                     tensor = read_shard(f, name, shard)
                 if tensor.shape != shape:
                     what = f"its tensor-parallel slice {shard.rank}/{shard.size}" if shard else "it"
-                    raise CheckpointError(f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
-                                          f"config.json implies {tuple(shape)}")
+                    raise CheckpointError(
+                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
+                        f"config.json implies {tuple(shape)}"
+                    )
                 if tensor.is_floating_point() and not tensor.isfinite().all():  # every output would be garbage
                     raise CheckpointError(f"{file}: tensor {name!r} holds NaN or inf values (a corrupt checkpoint)")
                 _put(model, param_name, row, tensor, device, dtype)
@@ -129,7 +137,7 @@ def _put(model: LlamaForCausalLM, param_name: str, row: int, tensor: torch.Tenso
     if param.is_meta:  # its first tensor: allocate it for real
         param = nn.Parameter(torch.empty(param.shape, device=device, dtype=dtype), requires_grad=False)
         setattr(module, leaf, param)
-    param[row:row + tensor.shape[0]].copy_(tensor)
+    param[row : row + tensor.shape[0]].copy_(tensor)
 
 
 def _finish(model: LlamaForCausalLM, config: ModelConfig, device, shard: Shard | None) -> LlamaForCausalLM:
@@ -143,8 +151,9 @@ def _finish(model: LlamaForCausalLM, config: ModelConfig, device, shard: Shard |
     return model.eval()
 
 
-def random_model(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0,
-                 shard: Shard | None = None) -> LlamaForCausalLM:
+def random_model(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Shard | None = None
+) -> LlamaForCausalLM:
     """A model of `config`'s shape with random weights (N(0, 0.02), norms 1) and no checkpoint, for
     benchmarks and checks: each checkpoint tensor drawn whole on `device` from a generator seeded by
     `seed` and its place in the checkpoint's order, so a tensor-parallel rank (`shard`) holds exactly
@@ -193,7 +202,11 @@ def copy_tensors(sources: dict[str, Path], dest: Path, metadata: dict[str, str])
     for name, file in sources.items():
         entry = headers[file][0][name]
         begin, end = entry["data_offsets"]
-        entries[name] = {"dtype": entry["dtype"], "shape": entry["shape"], "data_offsets": [offset, offset + end - begin]}
+        entries[name] = {
+            "dtype": entry["dtype"],
+            "shape": entry["shape"],
+            "data_offsets": [offset, offset + end - begin],
+        }
         offset += end - begin
     header = json.dumps({"__metadata__": metadata, **entries} if metadata else entries, separators=(",", ":")).encode()
     header += b" " * (-len(header) % 8)  # data aligned to 8 bytes, as the safetensors library writes it
@@ -207,7 +220,7 @@ def copy_tensors(sources: dict[str, Path], dest: Path, metadata: dict[str, str])
                 src.seek(headers[file][1] + begin)
                 left = end - begin
                 while left:
-                    n = src.readinto(buffer[:min(left, COPY_CHUNK)])
+                    n = src.readinto(buffer[: min(left, COPY_CHUNK)])
                     if not n:
                         raise CheckpointError(f"{file}: ends inside tensor {name!r} (truncated)")
                     out.write(buffer[:n])

@@ -66,15 +66,21 @@ def check_out(out: Path, target: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is not a folder")
     if out.is_dir() and any(out.iterdir()) and not is_draft(out):
-        raise ConfigError(f"--out {out} is not empty and not a draft (its config.json has no {DRAFT_KEY!r}); "
-                          "choose another folder or empty it")
+        raise ConfigError(
+            f"--out {out} is not empty and not a draft (its config.json has no {DRAFT_KEY!r}); "
+            "choose another folder or empty it"
+        )
 
 
 def draft_weights(target: Path, layers: int) -> dict[str, Path]:
     """{name: file} of the target checkpoint's tensors that the draft keeps, in file order. Whether
     they make a whole model is the loader's to say, when the draft loads, as for the target."""
-    return {name: file for file, names in tensor_names(target, weight_files(target)).items()
-            for name in names if kept(name, layers)}
+    return {
+        name: file
+        for file, names in tensor_names(target, weight_files(target)).items()
+        for name in names
+        if kept(name, layers)
+    }
 
 
 def write_draft(target: Path, layers: int, out: Path, config: ModelConfig, raw_config: dict) -> None:
@@ -91,8 +97,11 @@ def write_draft(target: Path, layers: int, out: Path, config: ModelConfig, raw_c
         if path.is_file() and path.name != "config.json" and not is_weight_or_checksum(path.name):
             shutil.copyfile(path, out / path.name)
 
-    draft_config = {**raw_config, "num_hidden_layers": layers,
-                    DRAFT_KEY: {"target": str(target), "layers": layers, "target_layers": config.num_layers}}
+    draft_config = {
+        **raw_config,
+        "num_hidden_layers": layers,
+        DRAFT_KEY: {"target": str(target), "layers": layers, "target_layers": config.num_layers},
+    }
     (out / "config.json").write_text(json.dumps(draft_config, indent=2) + "\n")
     write_sums(out)
 
@@ -104,8 +113,10 @@ def make_draft(target: str | Path, layers: int, out: str | Path) -> Path:
         raise ConfigError(f"--target {target}: no such model folder")
     config = ModelConfig.from_folder(target)  # no config.json, or a model the engine does not run
     if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers < config.num_layers:
-        raise ConfigError(f"--layers {layers!r} is out of range: a draft of {target} ({config.num_layers} layers) "
-                          f"keeps 1 to {config.num_layers - 1} of them")
+        raise ConfigError(
+            f"--layers {layers!r} is out of range: a draft of {target} ({config.num_layers} layers) "
+            f"keeps 1 to {config.num_layers - 1} of them"
+        )
     check_out(out, target)
     raw_config = json.loads((target / "config.json").read_text())
 
@@ -136,8 +147,10 @@ def main() -> None:
     out = make_draft(args.target, args.layers, args.out)
     size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     origin = json.loads((out / "config.json").read_text())[DRAFT_KEY]
-    print(f"make_draft: wrote {out}: {origin['layers']} of {origin['target_layers']} layers of {origin['target']}, "
-          f"{size / 1e6:.1f} MB")
+    print(
+        f"make_draft: wrote {out}: {origin['layers']} of {origin['target_layers']} layers of {origin['target']}, "
+        f"{size / 1e6:.1f} MB"
+    )
 
 
 def cli() -> None:

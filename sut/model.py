@@ -40,7 +40,9 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
     high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
     scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
     blended = (1 - smooth) * scaled / s.factor + smooth * scaled
     in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
     return torch.where(in_band, blended, scaled)
@@ -79,10 +81,13 @@ class LlamaAttention(nn.Module):
         # q, k and v in one GEMM (one weight read, one call); the loader fills its row blocks
         # from the checkpoint's q_proj, k_proj and v_proj.
         self.qkv_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
-        self.qkv_proj = FusedLinear(config.hidden_size, {"q_proj": self.qkv_sizes[0], "k_proj": self.qkv_sizes[1],
-                                                         "v_proj": self.qkv_sizes[2]}, bias)
+        self.qkv_proj = FusedLinear(
+            config.hidden_size,
+            {"q_proj": self.qkv_sizes[0], "k_proj": self.qkv_sizes[1], "v_proj": self.qkv_sizes[2]},
+            bias,
+        )
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
-        self.scale = self.head_dim ** -0.5
+        self.scale = self.head_dim**-0.5
         self.k_cache = self.v_cache = torch.empty(0)  # views into the runner's KV pool
         self.tp: Shard | None = None  # tensor parallel: this rank's heads, its output summed over the ranks
 
@@ -103,8 +108,9 @@ class LlamaMLP(nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         bias = config.mlp_bias
-        self.gate_up_proj = FusedLinear(config.hidden_size, {"gate_proj": config.intermediate_size,
-                                                             "up_proj": config.intermediate_size}, bias)
+        self.gate_up_proj = FusedLinear(
+            config.hidden_size, {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}, bias
+        )
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
         self.tp: Shard | None = None  # tensor parallel: this rank's features, its output summed over the ranks
 

@@ -21,9 +21,19 @@ from sut.tensor_parallel import Shard, broadcast, local_config
 
 
 class ModelRunner:
-    def __init__(self, model_path, model_config: ModelConfig, config: EngineConfig, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device, num_blocks: int | None = None,
-                 draft: tuple[ModelConfig, int] | None = None, model=None, shard: Shard | None = None):
+    def __init__(
+        self,
+        model_path,
+        model_config: ModelConfig,
+        config: EngineConfig,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_blocks: int | None = None,
+        draft: tuple[ModelConfig, int] | None = None,
+        model=None,
+        shard: Shard | None = None,
+    ):
         """`num_blocks`: the KV pool's size (a draft model's runner takes the target's, to share its
         block tables); by default from the settings or the memory free, shared with `draft` (a draft
         model's config and weight bytes, loaded after this runner) where there is one. `model`: one
@@ -41,8 +51,11 @@ class ModelRunner:
             model_config = local_config(model_config, shard.size)
         # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend
         # switch (for a tensor-parallel rank, only what works on its slices).
-        self.cpu = (setup_cpu_backend(self.model, model_path, config.cpu, sliced=shard is not None)
-                    if device.type == "cpu" else None)
+        self.cpu = (
+            setup_cpu_backend(self.model, model_path, config.cpu, sliced=shard is not None)
+            if device.type == "cpu"
+            else None
+        )
         try:
             self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
         except ValueError as e:  # kernels knows nothing of the engine's errors
@@ -53,10 +66,12 @@ class ModelRunner:
         if self.num_blocks * self.block_size < max_model_len:
             raise ConfigError(
                 f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
-                f"max_model_len={max_model_len} tokens; raise num_kv_blocks / kv_cache_memory_gb or lower max_model_len")
+                f"max_model_len={max_model_len} tokens; raise num_kv_blocks / kv_cache_memory_gb or lower max_model_len"
+            )
         # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
-        self.kv_cache = torch.zeros(2, c.num_layers, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim,
-                                    dtype=dtype, device=device)
+        self.kv_cache = torch.zeros(
+            2, c.num_layers, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device
+        )
         for i, layer in enumerate(self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.v_cache = self.kv_cache[1, i]
@@ -69,8 +84,9 @@ class ModelRunner:
         if config.cuda_graphs:
             if device.type != "cuda":
                 raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {device}")
-            self.graphs = DecodeGraphs(self.model, config.max_num_seqs, -(-max_model_len // self.block_size),
-                                       max_model_len, device)
+            self.graphs = DecodeGraphs(
+                self.model, config.max_num_seqs, -(-max_model_len // self.block_size), max_model_len, device
+            )
 
     def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
         if config.kv_cache_memory_gb is not None:
@@ -94,12 +110,20 @@ class ModelRunner:
         """The step input of `batch`: each sequence's uncomputed tokens, then its drafts."""
         seqs = batch.seqs
         starts = [s.num_computed_tokens for s in seqs]
-        tokens = [s.token_slice(a, a + n - d) + s.spec_token_ids if d else s.token_slice(a, a + n)
-                  for s, a, n, d in zip(seqs, starts, batch.num_new_tokens, batch.num_draft)]
+        tokens = [
+            s.token_slice(a, a + n - d) + s.spec_token_ids if d else s.token_slice(a, a + n)
+            for s, a, n, d in zip(seqs, starts, batch.num_new_tokens, batch.num_draft)
+        ]
         return self.prepare_tokens(seqs, tokens, starts, batch.num_logits, batch.block_tables)
 
-    def prepare_tokens(self, seqs: list[Sequence], tokens: list[list[int]], starts: list[int], num_logits: list[int],
-                       block_tables: np.ndarray) -> StepInput:
+    def prepare_tokens(
+        self,
+        seqs: list[Sequence],
+        tokens: list[list[int]],
+        starts: list[int],
+        num_logits: list[int],
+        block_tables: np.ndarray,
+    ) -> StepInput:
         """The step input that computes `tokens[i]` of `seqs[i]` at positions from `starts[i]` on, in its
         blocks (rows of `block_tables`), wanting logits of the last `num_logits[i]`; built with array
         operations (one pass over the sequences, none over tokens)."""
@@ -121,11 +145,15 @@ class ModelRunner:
         num_logits = np.array(num_logits, dtype=np.int64)
         logits_indices = np.repeat(cu_seqlens[1:] - num_logits, num_logits) + _ranks(num_logits)
         return StepInput(
-            input_ids=self._to_device(input_ids), positions=self._to_device(positions),
-            slot_mapping=self._to_device(slots), block_tables=self._to_device(block_tables),
+            input_ids=self._to_device(input_ids),
+            positions=self._to_device(positions),
+            slot_mapping=self._to_device(slots),
+            block_tables=self._to_device(block_tables),
             cu_seqlens_q=self._to_device(cu_seqlens.astype(np.int32)),
-            seq_lens=self._to_device(seq_lens.astype(np.int32)), logits_indices=self._to_device(logits_indices),
-            query_lens_host=query_lens_host, seq_lens_host=seq_lens.tolist(),
+            seq_lens=self._to_device(seq_lens.astype(np.int32)),
+            logits_indices=self._to_device(logits_indices),
+            query_lens_host=query_lens_host,
+            seq_lens_host=seq_lens.tolist(),
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -155,8 +183,12 @@ class ModelRunner:
         if self.shard is not None and self.shard.rank == 0:
             broadcast(step)  # the other ranks run the same forward on their shards
         meta = AttentionMetadata(
-            slot_mapping=step.slot_mapping, block_tables=step.block_tables, cu_seqlens_q=step.cu_seqlens_q,
-            seq_lens=step.seq_lens, query_lens_host=step.query_lens_host, seq_lens_host=step.seq_lens_host,
+            slot_mapping=step.slot_mapping,
+            block_tables=step.block_tables,
+            cu_seqlens_q=step.cu_seqlens_q,
+            seq_lens=step.seq_lens,
+            query_lens_host=step.query_lens_host,
+            seq_lens_host=step.seq_lens_host,
         )
         hidden = self.graphs.run(step) if self.graphs else None
         if hidden is None and self.cpu_decoder:

@@ -18,8 +18,9 @@ from sut.sequence import Sequence
 
 
 class Proposer(Protocol):
-    def propose(self, seqs: list[Sequence], counts: list[int],
-                block_tables: np.ndarray) -> list[tuple[list[int], torch.Tensor | None]]: ...
+    def propose(
+        self, seqs: list[Sequence], counts: list[int], block_tables: np.ndarray
+    ) -> list[tuple[list[int], torch.Tensor | None]]: ...
 
 
 class NgramProposer:
@@ -30,8 +31,9 @@ class NgramProposer:
         self.min_n, self.max_n = min_n, max_n
 
     def propose(self, seqs, counts, block_tables=None):
-        return [(ngram_lookup(np.asarray(seq.token_ids), self.min_n, self.max_n, k), None)
-                for seq, k in zip(seqs, counts)]
+        return [
+            (ngram_lookup(np.asarray(seq.token_ids), self.min_n, self.max_n, k), None) for seq, k in zip(seqs, counts)
+        ]
 
 
 def ngram_lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int]:
@@ -43,5 +45,5 @@ def ngram_lookup(tokens: np.ndarray, min_n: int, max_n: int, k: int) -> list[int
         hits = np.flatnonzero((sliding_window_view(tokens[:-1], n) == tokens[-n:]).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n
-            return tokens[start:start + k].tolist()
+            return tokens[start : start + k].tolist()
     return []

@@ -42,16 +42,20 @@ def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         if len(gpus) < n * gpus_each:
-            raise ConfigError(f"engine settings data_parallel_size={n} x tensor_parallel_size={gpus_each} need "
-                              f"{n * gpus_each} GPUs, and {len(gpus)} are visible")
-        return [dict(env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_each:(i + 1) * gpus_each])}, cores=None)
-                for i in range(n)]
+            raise ConfigError(
+                f"engine settings data_parallel_size={n} x tensor_parallel_size={gpus_each} need "
+                f"{n * gpus_each} GPUs, and {len(gpus)} are visible"
+            )
+        return [
+            dict(env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_each : (i + 1) * gpus_each])}, cores=None)
+            for i in range(n)
+        ]
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
     if len(cores) < n:
         raise ConfigError(f"engine setting data_parallel_size={n} needs {n} cores, and this process has {len(cores)}")
     share = len(cores) // n
     # OMP_NUM_THREADS for the C kernels' OpenMP, which sizes its pool when their library loads.
-    return [dict(env={"OMP_NUM_THREADS": str(share)}, cores=cores[i * share:(i + 1) * share]) for i in range(n)]
+    return [dict(env={"OMP_NUM_THREADS": str(share)}, cores=cores[i * share : (i + 1) * share]) for i in range(n)]
 
 
 def _replica_main(index: int, model: str, settings: dict, cores: list[int] | None, inbox, outbox) -> None:
@@ -144,8 +148,10 @@ class ReplicaPool:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device.startswith("cuda:"):
-            raise ConfigError(f"engine setting device={device!r} names one GPU, and data_parallel_size="
-                              f"{data_parallel_size} gives each replica its own: use 'cuda'")
+            raise ConfigError(
+                f"engine setting device={device!r} names one GPU, and data_parallel_size="
+                f"{data_parallel_size} gives each replica its own: use 'cuda'"
+            )
         self.device = torch.device(device)
         self.num_replicas = data_parallel_size
         ctx = mp.get_context("spawn")  # a fresh interpreter: no forked CUDA or thread state
@@ -156,9 +162,18 @@ class ReplicaPool:
         for i, place in enumerate(self.placements):
             # Not daemonic, so that a replica can start tensor-parallel ranks of its own; the
             # finalizer below stops them at exit, and each stops by itself when orphaned.
-            proc = ctx.Process(target=_replica_main, name=f"saaf-replica-{i}",
-                               args=(i, str(folder), {**settings, "device": device, "verify_checksums": False}, place["cores"],
-                                     self._inboxes[i], self._outbox))
+            proc = ctx.Process(
+                target=_replica_main,
+                name=f"saaf-replica-{i}",
+                args=(
+                    i,
+                    str(folder),
+                    {**settings, "device": device, "verify_checksums": False},
+                    place["cores"],
+                    self._inboxes[i],
+                    self._outbox,
+                ),
+            )
             with _environment(place["env"]):  # a spawned process starts with this process's environment
                 proc.start()
             self._procs.append(proc)
@@ -230,8 +245,9 @@ class ReplicaPool:
     def make_sequence(self, prompt, params=None, request_id=None, on_token=None) -> Sequence:
         if request_id is None:
             request_id = next(self._next_id)
-        return make_sequence(prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size,
-                             self.max_model_len)
+        return make_sequence(
+            prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size, self.max_model_len
+        )
 
     def add_request(self, prompt, params: SamplingParams | None = None, request_id=None, on_token=None):
         seq = self.make_sequence(prompt, params, request_id, on_token)
@@ -250,8 +266,9 @@ class ReplicaPool:
                 index = min(range(self.num_replicas), key=self._outstanding.__getitem__)
                 self._outstanding[index] += cost
                 self._live[seq.request_id] = (index, cost, seq.on_token, seq)
-                self._inboxes[index].put(("add", seq.request_id, seq.prompt_token_ids, seq.params,
-                                          seq.on_token is not None))
+                self._inboxes[index].put(
+                    ("add", seq.request_id, seq.prompt_token_ids, seq.params, seq.on_token is not None)
+                )
 
     def abort(self, request_id) -> None:
         with self._lock:
@@ -280,8 +297,9 @@ class ReplicaPool:
         with self._lock:
             live, self._live = self._live, {}
             self._outstanding = [0] * self.num_replicas
-        return [RequestOutput(rid, seq.prompt_token_ids, [], None, "error", error) for rid, (_, _, _, seq) in
-                live.items()]
+        return [
+            RequestOutput(rid, seq.prompt_token_ids, [], None, "error", error) for rid, (_, _, _, seq) in live.items()
+        ]
 
     def warmup(self) -> float:
         """Every replica's warm-up, at once; the seconds of the slowest."""

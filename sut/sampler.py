@@ -7,12 +7,12 @@ import torch
 
 from sut.sequence import Sequence
 
-
 NONFINITE_LOGITS = "the model's logits are NaN or inf at this step (corrupt weights, or numerics out of range)"
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...],
-           default_generator: torch.Generator) -> list[int | None]:
+def sample(
+    logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...], default_generator: torch.Generator
+) -> list[int | None]:
     """Each row's token, None for a row whose logits are not all finite."""
     if not seqs:  # a step of prefill chunks that reach no prompt's end: nothing to wait for
         return []
@@ -27,8 +27,12 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
     if not rows:
         argmax, finite = to_host(argmax, finite)
         return _finite_only(argmax.tolist(), finite)
-    probs = torch.stack([sampling_probs(logits[row], seqs[row].params.temperature, seqs[row].params.top_k,
-                                        seqs[row].params.top_p) for row in rows])
+    probs = torch.stack(
+        [
+            sampling_probs(logits[row], seqs[row].params.temperature, seqs[row].params.top_k, seqs[row].params.top_p)
+            for row in rows
+        ]
+    )
     argmax, finite, probs = to_host(argmax, finite, probs)
     tokens = argmax.tolist()
     for row, drawn in zip(rows, draw(probs, [seqs[row].generator or default_generator for row in rows])):

@@ -21,18 +21,31 @@ class SamplingParams:
 
     def __post_init__(self):
         _require("max_tokens", self.max_tokens, "an integer >= 1", _is_int(self.max_tokens) and self.max_tokens >= 1)
-        _require("min_tokens", self.min_tokens, f"an integer in [0, max_tokens={self.max_tokens}]",
-                 _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens)
-        _require("temperature", self.temperature, "a finite number >= 0 (0: greedy)",
-                 _is_real(self.temperature) and self.temperature >= 0)
+        _require(
+            "min_tokens",
+            self.min_tokens,
+            f"an integer in [0, max_tokens={self.max_tokens}]",
+            _is_int(self.min_tokens) and 0 <= self.min_tokens <= self.max_tokens,
+        )
+        _require(
+            "temperature",
+            self.temperature,
+            "a finite number >= 0 (0: greedy)",
+            _is_real(self.temperature) and self.temperature >= 0,
+        )
         _require("top_k", self.top_k, "an integer >= 0 (0: off)", _is_int(self.top_k) and self.top_k >= 0)
         _require("top_p", self.top_p, "a number in (0, 1] (1: off)", _is_real(self.top_p) and 0 < self.top_p <= 1)
-        _require("seed", self.seed, "None or an integer in [0, 2**63)",
-                 self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63))
+        _require(
+            "seed",
+            self.seed,
+            "None or an integer in [0, 2**63)",
+            self.seed is None or (_is_int(self.seed) and 0 <= self.seed < 2**63),
+        )
         _require("ignore_eos", self.ignore_eos, "true or false", isinstance(self.ignore_eos, bool))
         # A bare int is a likely slip for [int]: refused rather than guessed at.
-        _require("stop_token_ids", self.stop_token_ids, "a list of token ids",
-                 isinstance(self.stop_token_ids, (list, tuple)))
+        _require(
+            "stop_token_ids", self.stop_token_ids, "a list of token ids", isinstance(self.stop_token_ids, (list, tuple))
+        )
         self.stop_token_ids = tuple(_stop_token_id(t, i) for i, t in enumerate(self.stop_token_ids))
 
     @property

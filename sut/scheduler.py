@@ -161,10 +161,18 @@ class Scheduler:
         num_draft = [len(s.spec_token_ids) for s in scheduled]
         # A decode samples (after each of its drafts too); a prefill chunk samples when it reaches
         # the sequence's last token.
-        num_logits = [1 + d if not p else int(s.num_computed_tokens + n == s.num_tokens)
-                      for (s, n), p, d in zip(scheduled.items(), is_prefill, num_draft)]
-        return ScheduledBatch(list(scheduled), list(scheduled.values()), is_prefill, num_logits, num_draft,
-                              self.block_manager.block_tables)
+        num_logits = [
+            1 + d if not p else int(s.num_computed_tokens + n == s.num_tokens)
+            for (s, n), p, d in zip(scheduled.items(), is_prefill, num_draft)
+        ]
+        return ScheduledBatch(
+            list(scheduled),
+            list(scheduled.values()),
+            is_prefill,
+            num_logits,
+            num_draft,
+            self.block_manager.block_tables,
+        )
 
     def propose(self, proposer) -> None:
         """Ask `proposer` for drafts for the decoding sequences that have none, up to k each (fewer
@@ -193,8 +201,9 @@ class Scheduler:
         finished: list[Sequence] = []
         outputs = iter(sampled)
         cache_blocks = self.block_manager.enable_prefix_caching
-        for seq, n, k, prefill, d in zip(batch.seqs, batch.num_new_tokens, batch.num_logits, batch.is_prefill,
-                                         batch.num_draft):
+        for seq, n, k, prefill, d in zip(
+            batch.seqs, batch.num_new_tokens, batch.num_logits, batch.is_prefill, batch.num_draft
+        ):
             if not k:
                 seq.num_computed_tokens += n
                 if cache_blocks:
@@ -272,8 +281,14 @@ class Scheduler:
         if self.tpot_target_s is None or self.prefill_token_s == 0.0:
             return unlimited
         bound = self.tpot_cap_s if self._prompt_waited_patience(now) else self.tpot_target_s
-        slack = min((bound * len(s.output_token_ids) - (now - s.first_token_time) for s in self.running
-                     if s.first_token_time is not None and not s.is_prefill), default=None)
+        slack = min(
+            (
+                bound * len(s.output_token_ids) - (now - s.first_token_time)
+                for s in self.running
+                if s.first_token_time is not None and not s.is_prefill
+            ),
+            default=None,
+        )
         if slack is None:
             return unlimited
         if slack < self.chunk_step_s:  # no chunk smaller than recent ones: small chunks cost more per token
@@ -283,8 +298,10 @@ class Scheduler:
     def _prompt_waited_patience(self, now: float) -> bool:
         if self.ttft_patience_s is None:
             return False
-        return any(s.first_token_time is None and now - s.arrival_time >= self.ttft_patience_s
-                   for s in (*self.running, *self.waiting))
+        return any(
+            s.first_token_time is None and now - s.arrival_time >= self.ttft_patience_s
+            for s in (*self.running, *self.waiting)
+        )
 
     def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """Called by the engine after each step with its duration. `busy_s` splits the steps' time

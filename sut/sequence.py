@@ -67,10 +67,10 @@ class Sequence:
         """token_ids[start:end] without building the whole list (a decode needs one token)."""
         n_prompt = len(self.prompt_token_ids)
         if start >= n_prompt:
-            return self.output_token_ids[start - n_prompt:end - n_prompt]
+            return self.output_token_ids[start - n_prompt : end - n_prompt]
         if end <= n_prompt:
             return self.prompt_token_ids[start:end]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n_prompt]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - n_prompt]
 
     @property
     def num_tokens(self) -> int:
@@ -85,5 +85,7 @@ class Sequence:
         return self.status == SequenceStatus.FINISHED
 
     def __repr__(self):
-        return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+        return (
+            f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )

@@ -117,8 +117,9 @@ def step_costs(llm: LLM, prompts, batch: int, k: int, step_ms: float) -> tuple[d
     tables = engine.block_manager.block_tables
     try:
         verifying = sorted({round(batch * share) for share in (0.25, 0.5, 0.75, 1.0)} - {0})
-        decode, *verify = forward_ms(engine.runner, seqs, [1] + [[k + 1] * j + [1] * (batch - j) for j in verifying],
-                                     tables)
+        decode, *verify = forward_ms(
+            engine.runner, seqs, [1] + [[k + 1] * j + [1] * (batch - j) for j in verifying], tables
+        )
         costs = {0.0: 1.0} | {j / batch: 1 + (ms - decode) / step_ms for j, ms in zip(verifying, verify)}
         draft = getattr(engine.proposer, "runner", None)
         c = forward_ms(draft, seqs, [1], tables)[0] / step_ms if draft is not None else 0.0
@@ -174,7 +175,9 @@ def first_differences(outputs, plain) -> list[tuple[int, int]]:
     found = []
     for i, (ours, base) in enumerate(zip(outputs, plain)):
         if ours != base:
-            found.append((i, next((p for p, (x, y) in enumerate(zip(ours, base)) if x != y), min(len(ours), len(base)))))
+            found.append(
+                (i, next((p for p, (x, y) in enumerate(zip(ours, base)) if x != y), min(len(ours), len(base))))
+            )
     return found
 
 
@@ -219,22 +222,33 @@ def main():
     ap.add_argument("--k", type=int, default=2, help="num_speculative_tokens of every proposer")
     ap.add_argument("--ngram-min", type=int, default=1, help="n-gram lookup's prompt_lookup_min")
     ap.add_argument("--ngram-max", type=int, default=3, help="n-gram lookup's prompt_lookup_max")
-    ap.add_argument("--engine", type=json_object, default={}, help="engine settings as JSON, e.g. "
-                    "'{\"cpu\": {\"int16_activations\": true}}' (the demo system's numerics)")
-    ap.add_argument("--ceiling-grid", action="store_true", help="print n-gram lookup's ceiling at k 1-8 and "
-                    "several match lengths")
+    ap.add_argument(
+        "--engine",
+        type=json_object,
+        default={},
+        help='engine settings as JSON, e.g. \'{"cpu": {"int16_activations": true}}\' (the demo system\'s numerics)',
+    )
+    ap.add_argument(
+        "--ceiling-grid", action="store_true", help="print n-gram lookup's ceiling at k 1-8 and several match lengths"
+    )
     args = ap.parse_args()
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count())
     torch.set_num_threads(len(cores))
     prompts = load_prompts(args.data, args.num_prompts)
-    ngram = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_min": args.ngram_min,
-             "prompt_lookup_max": args.ngram_max}
+    ngram = {
+        "method": "ngram",
+        "num_speculative_tokens": args.k,
+        "prompt_lookup_min": args.ngram_min,
+        "prompt_lookup_max": args.ngram_max,
+    }
     proposers = {"ngram": ngram}
     for folder in filter(None, args.drafts.split(",")):
         proposers[Path(folder).name] = {"method": "draft_model", "model": folder, "num_speculative_tokens": args.k}
-    header = (f"{'batch':>5} {'proposer':<22} {'tok/s':>6} {'plain':>6} {'accept':>6} {'mean len':>8} "
-              f"{'verified':>8} {'c':>5} {'v':>5} {'speed-up':>8} {'Leviathan':>9} {'(v=1)':>6} {'run':>6} "
-              f"{'ceiling':>7} {'same':>5}")
+    header = (
+        f"{'batch':>5} {'proposer':<22} {'tok/s':>6} {'plain':>6} {'accept':>6} {'mean len':>8} "
+        f"{'verified':>8} {'c':>5} {'v':>5} {'speed-up':>8} {'Leviathan':>9} {'(v=1)':>6} {'run':>6} "
+        f"{'ceiling':>7} {'same':>5}"
+    )
     lines = [header]
     differences = []  # (batch, proposer, prompt index, position)
     ceiling = None
@@ -259,26 +273,30 @@ def main():
             tps = sum(map(len, outputs)) / seconds
             verified = clock.verify_steps / max(clock.decode_steps, 1)
             bound = f"{e2e(ceiling):>6.2f}x" if spec is ngram else f"{'-':>7}"
-            line = (f"{batch:>5} {name:<22} {tps:>6.1f} {plain_tps:>6.1f} {a:>6.3f} "
-                    f"{stats['mean_accepted_length'] or 0:>8.2f} {verified:>8.2f} {c:>5.2f} {v:>5.2f} "
-                    f"{tps / plain_tps:>7.2f}x {e2e(predicted_speedup(a, args.k, c, v)):>8.2f}x "
-                    f"{e2e(predicted_speedup(a, args.k, c, 1.0)):>5.2f}x "
-                    f"{total / predicted_time_from_steps(plain_clock, clock, c, costs):>5.2f}x {bound} "
-                    f"{sum(x == y for x, y in zip(outputs, plain)):>2}/{len(plain)}")
+            line = (
+                f"{batch:>5} {name:<22} {tps:>6.1f} {plain_tps:>6.1f} {a:>6.3f} "
+                f"{stats['mean_accepted_length'] or 0:>8.2f} {verified:>8.2f} {c:>5.2f} {v:>5.2f} "
+                f"{tps / plain_tps:>7.2f}x {e2e(predicted_speedup(a, args.k, c, v)):>8.2f}x "
+                f"{e2e(predicted_speedup(a, args.k, c, 1.0)):>5.2f}x "
+                f"{total / predicted_time_from_steps(plain_clock, clock, c, costs):>5.2f}x {bound} "
+                f"{sum(x == y for x, y in zip(outputs, plain)):>2}/{len(plain)}"
+            )
             lines.append(line)
             print(line, flush=True)
             differences += [(batch, name, i, pos, plain[i]) for i, pos in first_differences(outputs, plain)]
             del llm
-    print(f"k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy; n-gram lookup matches "
-          f"{args.ngram_max}..{args.ngram_min} tokens. accept: accepted / proposed drafts; mean len: tokens per "
-          "verification; verified: share of decode steps that verified drafts (of any sequence); c, v: a draft "
-          "forward and a step in which every sequence verifies k + 1 rows over the plain run's mean decode step at "
-          "that batch (forwards timed alone, the step's host work the same). "
-          "Predicted speed-ups (prefill time added back): Leviathan's E / (k c + v) from the acceptance, the same "
-          "with v = 1 (the paper's assumption), and 'run': the speculating run's own decode steps at the plain "
-          "run's step time, each times the measured cost of a step with its share of verifying sequences, plus "
-          "k c where drafts were made. ceiling: n-gram lookup replayed on the plain outputs with free "
-          "verification (v = 1, c = 0), the most any cost model allows")
+    print(
+        f"k={args.k}, {len(prompts)} prompts x {args.max_new_tokens} new tokens, greedy; n-gram lookup matches "
+        f"{args.ngram_max}..{args.ngram_min} tokens. accept: accepted / proposed drafts; mean len: tokens per "
+        "verification; verified: share of decode steps that verified drafts (of any sequence); c, v: a draft "
+        "forward and a step in which every sequence verifies k + 1 rows over the plain run's mean decode step at "
+        "that batch (forwards timed alone, the step's host work the same). "
+        "Predicted speed-ups (prefill time added back): Leviathan's E / (k c + v) from the acceptance, the same "
+        "with v = 1 (the paper's assumption), and 'run': the speculating run's own decode steps at the plain "
+        "run's step time, each times the measured cost of a step with its share of verifying sequences, plus "
+        "k c where drafts were made. ceiling: n-gram lookup replayed on the plain outputs with free "
+        "verification (v = 1, c = 0), the most any cost model allows"
+    )
     if differences:
         from transformers import AutoModelForCausalLM
 
@@ -286,8 +304,10 @@ def main():
         for batch, name, i, pos, base in differences:
             gap = top2_gap(reference, prompts[i], base[:pos])
             verdict = "a near-tie" if gap < 1e-4 else "NOT a near-tie: a bug"
-            line = (f"batch {batch} {name}: prompt {i} differs from plain decoding at new token {pos}; "
-                    f"transformers' top-2 logit gap there {gap:.2e}: {verdict}")
+            line = (
+                f"batch {batch} {name}: prompt {i} differs from plain decoding at new token {pos}; "
+                f"transformers' top-2 logit gap there {gap:.2e}: {verdict}"
+            )
             lines.append(line)
             print(line, flush=True)
     return lines

@@ -32,14 +32,17 @@ class SpeculativeConfig:
             value = {f.name: getattr(value, f.name) for f in fields(value) if getattr(value, f.name) != f.default}
         known = [f.name for f in fields(SpeculativeConfig)]
         if not isinstance(value, dict):
-            raise ConfigError(f"engine setting speculative_config must be an object with keys {known} or null, "
-                              f"got {value!r}")
+            raise ConfigError(
+                f"engine setting speculative_config must be an object with keys {known} or null, got {value!r}"
+            )
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ConfigError(f"unknown key(s) {unknown} in engine setting speculative_config; known keys: {known}")
         method = value.get("method")
         if method not in METHODS:
-            raise ConfigError(f"engine setting speculative_config.method must be one of {list(METHODS)}, got {method!r}")
+            raise ConfigError(
+                f"engine setting speculative_config.method must be one of {list(METHODS)}, got {method!r}"
+            )
         for name in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             v = value.get(name, 1)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -48,21 +51,29 @@ class SpeculativeConfig:
             raise ConfigError("engine setting speculative_config needs num_speculative_tokens (drafts per step)")
         k = value["num_speculative_tokens"]
         if k > MAX_SPECULATIVE_TOKENS:
-            raise ConfigError(f"engine setting speculative_config.num_speculative_tokens={k} is above the "
-                              f"maximum {MAX_SPECULATIVE_TOKENS}")
+            raise ConfigError(
+                f"engine setting speculative_config.num_speculative_tokens={k} is above the "
+                f"maximum {MAX_SPECULATIVE_TOKENS}"
+            )
         if not isinstance(value.get("adaptive", False), bool):
-            raise ConfigError(f"engine setting speculative_config.adaptive must be true or false, got {value['adaptive']!r}")
+            raise ConfigError(
+                f"engine setting speculative_config.adaptive must be true or false, got {value['adaptive']!r}"
+            )
         if method == "ngram":
             if "model" in value:
                 raise ConfigError("engine setting speculative_config.model is for method 'draft_model', not 'ngram'")
             config = SpeculativeConfig(**value)
             if config.prompt_lookup_min > config.prompt_lookup_max:
-                raise ConfigError(f"engine setting speculative_config.prompt_lookup_min={config.prompt_lookup_min} "
-                                  f"is above prompt_lookup_max={config.prompt_lookup_max}")
+                raise ConfigError(
+                    f"engine setting speculative_config.prompt_lookup_min={config.prompt_lookup_min} "
+                    f"is above prompt_lookup_max={config.prompt_lookup_max}"
+                )
             return config
         if not isinstance(value.get("model"), str) or not value["model"]:
-            raise ConfigError("engine setting speculative_config.model must be a non-empty string (the draft model's "
-                              f"folder) for method 'draft_model', got {value.get('model')!r}")
+            raise ConfigError(
+                "engine setting speculative_config.model must be a non-empty string (the draft model's "
+                f"folder) for method 'draft_model', got {value.get('model')!r}"
+            )
         extra = sorted({"prompt_lookup_min", "prompt_lookup_max"} & set(value))
         if extra:
             raise ConfigError(f"engine setting speculative_config.{extra[0]} is for method 'ngram', not 'draft_model'")
@@ -72,16 +83,21 @@ class SpeculativeConfig:
         """A sequence verifies k + 1 tokens in one step and needs room for them in the model."""
         k = self.num_speculative_tokens
         if k + 1 > max_num_batched_tokens:
-            raise ConfigError(f"engine setting speculative_config.num_speculative_tokens={k}: a step verifies k + 1 "
-                              f"tokens, more than max_num_batched_tokens={max_num_batched_tokens}")
+            raise ConfigError(
+                f"engine setting speculative_config.num_speculative_tokens={k}: a step verifies k + 1 "
+                f"tokens, more than max_num_batched_tokens={max_num_batched_tokens}"
+            )
         if k + 2 > max_model_len:
-            raise ConfigError(f"engine setting speculative_config.num_speculative_tokens={k} is too large for "
-                              f"max_model_len={max_model_len}")
+            raise ConfigError(
+                f"engine setting speculative_config.num_speculative_tokens={k} is too large for "
+                f"max_model_len={max_model_len}"
+            )
 
     def describe(self) -> str:
         """One line for run records and system descriptions."""
         k = self.num_speculative_tokens
         adaptive = ", adaptive" if self.adaptive else ""
         if self.method == "ngram":
-            return f"n-gram prompt lookup (k={k}, match {self.prompt_lookup_max}..{self.prompt_lookup_min} tokens{adaptive})"
+            match = f"{self.prompt_lookup_max}..{self.prompt_lookup_min}"
+            return f"n-gram prompt lookup (k={k}, match {match} tokens{adaptive})"
         return f"draft model {Path(self.model).name} (k={k}{adaptive})"

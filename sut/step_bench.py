@@ -74,6 +74,7 @@ class PhaseTimer:
                 return fn(*args, **kwargs)
             finally:
                 self.step[phase] = self.step.get(phase, 0.0) + time.perf_counter() - start
+
         return timed
 
 
@@ -81,9 +82,19 @@ def random_model_folder(folder: Path, vocab: int, max_len: int) -> Path:
     """A one-layer random Llama with `vocab` tokens: the forward is replaced, only its shapes matter."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=max_len,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
+    config = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        max_position_embeddings=max_len,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=True,
+    )
     LlamaForCausalLM(config).save_pretrained(folder)
     return folder
 
@@ -93,8 +104,8 @@ def fake_forward(engine: LLMEngine, vocab: int, max_rows: int, max_tokens: int, 
     model = engine.runner.model
     hidden = torch.zeros(max_tokens, model.config.hidden_size)
     logits = torch.randn(max_rows, vocab)
-    model.forward = timer.wrap("forward", lambda ids, positions, meta: hidden[:len(ids)])
-    model.compute_logits = timer.wrap("forward", lambda h: logits[:len(h)])
+    model.forward = timer.wrap("forward", lambda ids, positions, meta: hidden[: len(ids)])
+    model.compute_logits = timer.wrap("forward", lambda h: logits[: len(h)])
     if getattr(engine.runner, "cpu_decoder", None) is not None:
         engine.runner.cpu_decoder = None
 
@@ -119,26 +130,33 @@ def overhead(vocab: int, context: int, batches=(1, 64, 256), steps: int = 20) ->
     with tempfile.TemporaryDirectory() as tmp:
         folder = random_model_folder(Path(tmp), vocab, context + EXTRA_TOKENS)
         blocks = max_batch * (-(-(context + EXTRA_TOKENS) // 16))
-        engine = LLMEngine(folder, max_num_seqs=max_batch, max_num_batched_tokens=8192, num_kv_blocks=blocks,
-                           kernels="torch")
+        engine = LLMEngine(
+            folder, max_num_seqs=max_batch, max_num_batched_tokens=8192, num_kv_blocks=blocks, kernels="torch"
+        )
     timer = PhaseTimer()
     fake_forward(engine, vocab, max_batch, 8192 + max_batch, timer)
     time_phases(engine, timer)
     phases, totals = ("schedule", "prepare", "sample", "update"), ("host", "argmax", "host - argmax")
-    print(f"host time per decode step, forward replaced by random logits [batch, {vocab}], contexts of "
-          f"~{context} tokens (median of {steps} steps, ms; update = the rest of the step):")
-    print(f"{'batch':>5} " + " ".join(f"{p:>9}" for p in phases) + f" {'host total':>10} {'argmax':>9}"
-          f" {'host - argmax':>13}")
+    print(
+        f"host time per decode step, forward replaced by random logits [batch, {vocab}], contexts of "
+        f"~{context} tokens (median of {steps} steps, ms; update = the rest of the step):"
+    )
+    print(
+        f"{'batch':>5} " + " ".join(f"{p:>9}" for p in phases) + f" {'host total':>10} {'argmax':>9}"
+        f" {'host - argmax':>13}"
+    )
     # Long enough that none finishes while the last prompts are prefilled or while steps are timed.
     params = SamplingParams(max_tokens=EXTRA_TOKENS, ignore_eos=True)
     g = torch.Generator().manual_seed(0)
     for batch in batches:
         for i in range(batch):
-            engine.add_request(torch.randint(3, vocab, (context,), generator=g).tolist(), params,
-                               request_id=f"overhead-{batch}-{i}")
+            engine.add_request(
+                torch.randint(3, vocab, (context,), generator=g).tolist(), params, request_id=f"overhead-{batch}-{i}"
+            )
         engine.step()  # the requests join the scheduler in a step
-        while engine.scheduler.waiting or any(s.num_computed_tokens < len(s.prompt_token_ids)
-                                              for s in engine.scheduler.running):
+        while engine.scheduler.waiting or any(
+            s.num_computed_tokens < len(s.prompt_token_ids) for s in engine.scheduler.running
+        ):
             engine.step()  # prefill them all
         per_step = []
         for _ in range(steps):
@@ -156,8 +174,10 @@ def overhead(vocab: int, context: int, batches=(1, 64, 256), steps: int = 20) ->
             engine.abort(seq.request_id)
         engine.step()
         med = {p: statistics.median(t.get(p, 0.0) for t in per_step) * 1000 for p in [*phases, *totals]}
-        print(f"{batch:5d} " + " ".join(f"{med[p]:9.3f}" for p in phases) + f" {med['host']:10.3f}"
-              f" {med['argmax']:9.3f} {med['host - argmax']:13.3f}")
+        print(
+            f"{batch:5d} " + " ".join(f"{med[p]:9.3f}" for p in phases) + f" {med['host']:10.3f}"
+            f" {med['argmax']:9.3f} {med['host - argmax']:13.3f}"
+        )
 
 
 def main() -> None:
@@ -168,8 +188,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1000, help="with --overhead: tokens per sequence")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--thread", action="store_true", help="step the engine in a thread other than the main one")
-    parser.add_argument("--no-quantized-weights", action="store_true",
-                        help="engine setting cpu.quantized_weights=False")
+    parser.add_argument(
+        "--no-quantized-weights", action="store_true", help="engine setting cpu.quantized_weights=False"
+    )
     parser.add_argument("--int16", action="store_true", help="engine setting cpu.int16_activations=True")
     args = parser.parse_args()
     if args.overhead:
@@ -177,8 +198,13 @@ def main() -> None:
         return
     if not args.model:
         parser.error("--model is required (except with --overhead)")
-    engine = LLMEngine(args.model, dtype=args.dtype, max_num_seqs=64, max_num_batched_tokens=4096,
-                       cpu={"quantized_weights": not args.no_quantized_weights, "int16_activations": args.int16})
+    engine = LLMEngine(
+        args.model,
+        dtype=args.dtype,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
+        cpu={"quantized_weights": not args.no_quantized_weights, "int16_activations": args.int16},
+    )
 
     def measure() -> None:
         for batch in (1, 4, 8, 16):

@@ -40,8 +40,12 @@ class Shard:
 
 def check_divides(config: ModelConfig, size: int) -> None:
     """Refuse, by name, a tensor_parallel_size that does not divide what it splits."""
-    parts = {"num_attention_heads": config.num_heads, "num_key_value_heads": config.num_kv_heads,
-             "intermediate_size": config.intermediate_size, "vocab_size": config.vocab_size}
+    parts = {
+        "num_attention_heads": config.num_heads,
+        "num_key_value_heads": config.num_kv_heads,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+    }
     bad = [f"{name} {value}" for name, value in parts.items() if value % size]
     if bad:
         raise ConfigError(f"engine setting tensor_parallel_size={size} does not divide the model's {', '.join(bad)}")
@@ -49,15 +53,31 @@ def check_divides(config: ModelConfig, size: int) -> None:
 
 def local_config(config: ModelConfig, size: int) -> ModelConfig:
     """The shape one rank holds."""
-    return dataclasses.replace(config, num_heads=config.num_heads // size, num_kv_heads=config.num_kv_heads // size,
-                               intermediate_size=config.intermediate_size // size,
-                               vocab_size=config.vocab_size // size)
+    return dataclasses.replace(
+        config,
+        num_heads=config.num_heads // size,
+        num_kv_heads=config.num_kv_heads // size,
+        intermediate_size=config.intermediate_size // size,
+        vocab_size=config.vocab_size // size,
+    )
 
 
 # Checkpoint tensors by how they split: rows (the output features), columns (the input features),
 # or a bias of a column split, which one rank adds; the rest (norms) are whole on every rank.
-ROW_SPLIT = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "gate_proj.weight", "up_proj.weight", "q_proj.bias",
-             "k_proj.bias", "v_proj.bias", "gate_proj.bias", "up_proj.bias", "embed_tokens.weight", "lm_head.weight")
+ROW_SPLIT = (
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "gate_proj.weight",
+    "up_proj.weight",
+    "q_proj.bias",
+    "k_proj.bias",
+    "v_proj.bias",
+    "gate_proj.bias",
+    "up_proj.bias",
+    "embed_tokens.weight",
+    "lm_head.weight",
+)
 COLUMN_SPLIT = ("o_proj.weight", "down_proj.weight")
 ONE_RANK = ("o_proj.bias", "down_proj.bias")
 
@@ -126,8 +146,13 @@ def free_port() -> int:
 
 
 def init_group(rank: int, size: int, port: int, device: torch.device) -> None:
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                            rank=rank, world_size=size, timeout=COLLECTIVE_TIMEOUT)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=size,
+        timeout=COLLECTIVE_TIMEOUT,
+    )
 
 
 def broadcast(obj=None):
@@ -164,6 +189,13 @@ def serve(runner, device: torch.device) -> None:
     """A rank other than 0: the forward of each step input rank 0 broadcasts, until it sends None."""
     while (step := broadcast()) is not None:
         # Unpickled tensors land where rank 0's were: bring them to this rank's device.
-        runner.execute(dataclasses.replace(step, **{f.name: getattr(step, f.name).to(device)
-                                                    for f in dataclasses.fields(step)
-                                                    if isinstance(getattr(step, f.name), torch.Tensor)}))
+        runner.execute(
+            dataclasses.replace(
+                step,
+                **{
+                    f.name: getattr(step, f.name).to(device)
+                    for f in dataclasses.fields(step)
+                    if isinstance(getattr(step, f.name), torch.Tensor)
+                },
+            )
+        )

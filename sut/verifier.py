@@ -17,8 +17,13 @@ from sut.sampler import finite_rows, sampling_probs, stop_tokens, to_host
 from sut.sequence import Sequence
 
 
-def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...],
-           default_generator: torch.Generator, rejection_sample) -> list[list[int] | None]:
+def verify(
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    eos_token_ids: tuple[int, ...],
+    default_generator: torch.Generator,
+    rejection_sample,
+) -> list[list[int] | None]:
     """`logits`: `[sum(1 + drafts), vocab]`, each sampling sequence's rows in batch order (one per
     draft, then one after them); `rejection_sample`: the engine's op (KernelOps.rejection_sample).
     Returns each sequence's emitted tokens, None for one with a row of logits not all finite."""
@@ -36,7 +41,7 @@ def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
         if short > 0:
             stops = stop_tokens(seq, eos_token_ids)
             if stops:
-                logits[row:row + min(short, d + 1), stops] = float("-inf")
+                logits[row : row + min(short, d + 1), stops] = float("-inf")
         row += d + 1
     target_argmax = logits.argmax(dim=-1)
     greedy = [s.params.greedy for s in seqs]
@@ -52,19 +57,29 @@ def verify(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int,
             rows = slice(cu[i] + i, cu[i + 1] + i + 1)
             target_probs[rows] = sampling_probs(logits[rows], p.temperature, p.top_k, p.top_p)
             u = torch.rand(num_draft[i] + 1, generator=seq.generator or default_generator)
-            accept_uniforms[cu[i]:cu[i + 1]], sample_uniforms[i] = u[:-1], u[-1]
+            accept_uniforms[cu[i] : cu[i + 1]], sample_uniforms[i] = u[:-1], u[-1]
         if any(s.spec_probs is not None for s in seqs):
             draft_probs = torch.zeros(cu[-1], vocab, dtype=torch.float32, device=device)
             for i, seq in enumerate(seqs):
                 if seq.spec_probs is not None:
-                    draft_probs[cu[i]:cu[i + 1]] = seq.spec_probs
+                    draft_probs[cu[i] : cu[i + 1]] = seq.spec_probs
                 elif not greedy[i]:  # deterministic drafts: q is one-hot
                     draft_probs[torch.arange(cu[i], cu[i + 1]), seq.spec_token_ids] = 1.0
     draft_token_ids = torch.tensor([t for s in seqs for t in s.spec_token_ids], dtype=torch.int64)
-    out = rejection_sample(torch.tensor(cu, dtype=torch.int32, device=device), draft_token_ids.to(device), draft_probs,
-                 target_probs, target_argmax, torch.tensor(greedy, device=device), accept_uniforms.to(device),
-                 sample_uniforms.to(device), max(num_draft))
+    out = rejection_sample(
+        torch.tensor(cu, dtype=torch.int32, device=device),
+        draft_token_ids.to(device),
+        draft_probs,
+        target_probs,
+        target_argmax,
+        torch.tensor(greedy, device=device),
+        accept_uniforms.to(device),
+        sample_uniforms.to(device),
+        max(num_draft),
+    )
     out, finite = to_host(out, finite)
     finite = finite.tolist()
-    return [[t for t in tokens if t >= 0] if all(finite[cu[i] + i:cu[i + 1] + i + 1]) else None
-            for i, tokens in enumerate(out.tolist())]
+    return [
+        [t for t in tokens if t >= 0] if all(finite[cu[i] + i : cu[i + 1] + i + 1]) else None
+        for i, tokens in enumerate(out.tolist())
+    ]

@@ -28,6 +28,7 @@ def with_target_qps(conf_text: str, loadgen_model: str, loadgen_scenario: str, v
 @dataclass(frozen=True)
 class AccuracyTarget:
     """A metric's bounds as shares of the reference implementation's score."""
+
     reference: float
     low: float  # the result must reach reference * low
     high: float | None = None  # and, where set, stay at most reference * high
@@ -73,25 +74,65 @@ def _rouge(rouge1: float, rouge2: float, rouge_l: float, rouge_lsum: float | Non
 
 
 ENTRIES = (
-    Benchmark("llama3.1-8b", "llama3_1-8b", 13368, 128, 1, LLAMA3_EOS,
-              {"Server": (2000, 100), "Interactive": (500, 30)},
-              {**_rouge(38.7792, 15.9075, 24.4957, 35.793, 0.99), "gen_len": AccuracyTarget(8167644, 0.9, 1.1)}),
-    Benchmark("llama3.1-8b-edge", "llama3_1-8b-edge", 5000, 128, 1, LLAMA3_EOS, {},  # SingleStream and Offline
-              {**_rouge(39.06, 16.1147, 24.6375, 36.124, 0.99), "gen_len": AccuracyTarget(3051113, 0.9, 1.1)},
-              EDGE, compliance_tests=()),
-    Benchmark("llama2-70b-99.9", "llama2-70b", 24576, 1024, 1, frozenset({2}),
-              {"Server": (2000, 200), "Interactive": (450, 40)},
-              {**_rouge(44.4312, 22.0352, 28.6162, None, 0.999), "tokens_per_sample": AccuracyTarget(294.45, 0.9, 1.1)}),
+    Benchmark(
+        "llama3.1-8b",
+        "llama3_1-8b",
+        13368,
+        128,
+        1,
+        LLAMA3_EOS,
+        {"Server": (2000, 100), "Interactive": (500, 30)},
+        {**_rouge(38.7792, 15.9075, 24.4957, 35.793, 0.99), "gen_len": AccuracyTarget(8167644, 0.9, 1.1)},
+    ),
+    Benchmark(
+        "llama3.1-8b-edge",
+        "llama3_1-8b-edge",
+        5000,
+        128,
+        1,
+        LLAMA3_EOS,
+        {},  # SingleStream and Offline
+        {**_rouge(39.06, 16.1147, 24.6375, 36.124, 0.99), "gen_len": AccuracyTarget(3051113, 0.9, 1.1)},
+        EDGE,
+        compliance_tests=(),
+    ),
+    Benchmark(
+        "llama2-70b-99.9",
+        "llama2-70b",
+        24576,
+        1024,
+        1,
+        frozenset({2}),
+        {"Server": (2000, 200), "Interactive": (450, 40)},
+        {**_rouge(44.4312, 22.0352, 28.6162, None, 0.999), "tokens_per_sample": AccuracyTarget(294.45, 0.9, 1.1)},
+    ),
     # Not run here yet: no dataset reader, model or accuracy script for them (their EOS ids come with the model).
-    Benchmark("deepseek-r1", "deepseek-r1", 4388, 20000, 1, frozenset(),
-              {"Server": (2000, 80), "Interactive": (1500, 15)},
-              {"exact_match": AccuracyTarget(81.3582, 0.99), "tokens_per_sample": AccuracyTarget(3886.2274, 0.9, 1.1)},
-              ready=False, speculative_scenarios=("Interactive",)),
-    Benchmark("gpt-oss-120b", "gpt-oss-120b", 6396, 10240, 1, frozenset(),
-              {"Server": (3000, 80), "Interactive": (2000, 15)},
-              # tokens_per_sample's 9999 is marked "placeholder" in the checker's source
-              {"exact_match": AccuracyTarget(83.13, 0.99), "tokens_per_sample": AccuracyTarget(9999, 0.0, 1.1)},
-              compliance_tests=("TEST07", "TEST09"), ready=False, speculative_scenarios=("Interactive",)),
+    Benchmark(
+        "deepseek-r1",
+        "deepseek-r1",
+        4388,
+        20000,
+        1,
+        frozenset(),
+        {"Server": (2000, 80), "Interactive": (1500, 15)},
+        {"exact_match": AccuracyTarget(81.3582, 0.99), "tokens_per_sample": AccuracyTarget(3886.2274, 0.9, 1.1)},
+        ready=False,
+        speculative_scenarios=("Interactive",),
+    ),
+    Benchmark(
+        "gpt-oss-120b",
+        "gpt-oss-120b",
+        6396,
+        10240,
+        1,
+        frozenset(),
+        {"Server": (3000, 80), "Interactive": (2000, 15)},
+        # tokens_per_sample's 9999 is marked "placeholder" in the checker's source
+        {"exact_match": AccuracyTarget(83.13, 0.99), "tokens_per_sample": AccuracyTarget(9999, 0.0, 1.1)},
+        compliance_tests=("TEST07", "TEST09"),
+        ready=False,
+        speculative_scenarios=("Interactive",),
+    ),
 )
 # What the harness runs and the checker checks.
 BENCHMARKS = {b.name: b for b in ENTRIES if b.ready}

@@ -25,8 +25,10 @@ PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 def check_name(value, what: str) -> str:
     """`value` if it is a plain name (PLAIN_NAME, not "." or ".."), else SystemConfigError."""
     if not isinstance(value, str) or not PLAIN_NAME.fullmatch(value) or value in (".", ".."):
-        raise SystemConfigError(f"{what} {value!r} is not a plain name (letters, digits, '.', '_', '+', '-', "
-                                "starting with a letter or digit): names become folder names, never paths")
+        raise SystemConfigError(
+            f"{what} {value!r} is not a plain name (letters, digits, '.', '_', '+', '-', "
+            "starting with a letter or digit): names become folder names, never paths"
+        )
     return value
 
 
@@ -62,16 +64,30 @@ class System:
             harness = raw["saaf_harness"]
             reference = harness.get("accuracy_reference")
             datasets = {b: expand_path(p) for b, p in harness["datasets"].items()}
-            models = ({b: expand_path(p) for b, p in harness["models"].items()} if "models" in harness
-                      else {b: expand_path(harness["model"]) for b in datasets})
-            system = System(name, models, datasets, dict(harness.get("engine", {})),
-                            dict(harness.get("scenario_engine", {})), root / reference if reference else None,
-                            list(harness.get("scenarios", ["Offline", "Server"])), harness.get("model_name"),
-                            bool(harness.get("demo", False)), path, raw.get("division", "closed"),
-                            dict(harness.get("benchmark_engine", {})), dict(harness.get("report", {})))
+            models = (
+                {b: expand_path(p) for b, p in harness["models"].items()}
+                if "models" in harness
+                else {b: expand_path(harness["model"]) for b in datasets}
+            )
+            system = System(
+                name,
+                models,
+                datasets,
+                dict(harness.get("engine", {})),
+                dict(harness.get("scenario_engine", {})),
+                root / reference if reference else None,
+                list(harness.get("scenarios", ["Offline", "Server"])),
+                harness.get("model_name"),
+                bool(harness.get("demo", False)),
+                path,
+                raw.get("division", "closed"),
+                dict(harness.get("benchmark_engine", {})),
+                dict(harness.get("report", {})),
+            )
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
-            raise SystemConfigError(f"{path}: needs a 'saaf_harness' object with 'model' (or 'models') and 'datasets' "
-                                    f"({e!r})") from e
+            raise SystemConfigError(
+                f"{path}: needs a 'saaf_harness' object with 'model' (or 'models') and 'datasets' ({e!r})"
+            ) from e
         for benchmark in system.datasets:
             check_name(benchmark, f"{path}: saaf_harness.datasets: benchmark name")
         if system.model_name is not None:
@@ -85,8 +101,10 @@ class System:
             raise SystemConfigError(f"{path}: saaf_harness.models names no model folder for benchmarks {without}")
         unknown = [s for s in [*system.scenarios, *system.scenario_engine] if s not in SCENARIOS]
         if unknown:
-            raise SystemConfigError(f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
-                                    f"{unknown}; known: {sorted(SCENARIOS)}")
+            raise SystemConfigError(
+                f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
+                f"{unknown}; known: {sorted(SCENARIOS)}"
+            )
         return system
 
     def engine_settings(self, scenario: str, benchmark: str | None = None) -> dict:

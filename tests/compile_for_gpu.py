@@ -26,8 +26,14 @@ import kernels.rms_norm  # noqa: E402
 import kernels.rotary  # noqa: E402
 from kernels import checks  # noqa: E402
 
-POINTER_TYPES = {torch.float32: "*fp32", torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.int32: "*i32",
-                 torch.int64: "*i64", torch.bool: "*u1"}
+POINTER_TYPES = {
+    torch.float32: "*fp32",
+    torch.float16: "*fp16",
+    torch.bfloat16: "*bf16",
+    torch.int32: "*i32",
+    torch.int64: "*i64",
+    torch.bool: "*u1",
+}
 TARGET = GPUTarget("cuda", int(os.environ.get("SAAF_COMPILE_ARCH", "90")), 32)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
 compiled: set[tuple] = set()
@@ -51,18 +57,23 @@ class CompileInsteadOfLaunch:
             value = values[param.name]
             # As the JIT does: constexpr parameters, and integer arguments equal to 1 (unless marked
             # do_not_specialize), are constants.
-            if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1
-                                      and not param.do_not_specialize):
+            if param.is_constexpr or (
+                isinstance(value, int) and not isinstance(value, bool) and value == 1 and not param.do_not_specialize
+            ):
                 signature[param.name], constexprs[param.name] = "constexpr", value
             elif isinstance(value, torch.Tensor):
                 signature[param.name] = POINTER_TYPES[value.dtype]
             elif isinstance(value, float):
                 signature[param.name] = "fp32"
             else:
-                signature[param.name] = "i32" if -2**31 <= value < 2**31 else "i64"
+                signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
         options = {k: v for k, v in kwargs.items() if k in LAUNCH_OPTIONS}
-        key = (fn.__name__, tuple(sorted(signature.items())), tuple(sorted(constexprs.items())),
-               tuple(sorted(options.items())))
+        key = (
+            fn.__name__,
+            tuple(sorted(signature.items())),
+            tuple(sorted(constexprs.items())),
+            tuple(sorted(options.items())),
+        )
         if key in compiled:
             return
         compiled.add(key)
@@ -71,13 +82,21 @@ class CompileInsteadOfLaunch:
         except Exception as e:
             print(f"FAILED {fn.__name__} {constexprs} {options}: {type(e).__name__}: {e}")
             sys.exit(1)
-        print(f"compiled {fn.__name__} for sm_{TARGET.arch} {constexprs} {options}: "
-              f"{binary.metadata.shared} bytes of shared memory")
+        print(
+            f"compiled {fn.__name__} for sm_{TARGET.arch} {constexprs} {options}: "
+            f"{binary.metadata.shared} bytes of shared memory"
+        )
 
 
 def main():
-    for module in (kernels.decode_attention, kernels.prefill_attention, kernels.kv_cache, kernels.rms_norm,
-                   kernels.rotary, kernels.rejection_sample):
+    for module in (
+        kernels.decode_attention,
+        kernels.prefill_attention,
+        kernels.kv_cache,
+        kernels.rms_norm,
+        kernels.rotary,
+        kernels.rejection_sample,
+    ):
         source = Path(module.__file__).read_text()
         for name in dir(module):
             # Launched kernels only (`name[grid](...)`); jit helpers they call stay as they are.
@@ -103,8 +122,9 @@ def main():
     # drafts at all (max_num_draft 0, an output row stride of 1) must compile to the same kernel.
     for with_draft_probs in (True, False):
         checks.check_rejection_sample([0, 4, 2], [False, True, False], 1000, with_draft_probs, "cpu")
-        args = checks.random_rejection_batch([0, 0], [False, True], 1000, with_draft_probs, "cpu",
-                                             torch.Generator().manual_seed(0), extra_slots=0)
+        args = checks.random_rejection_batch(
+            [0, 0], [False, True], 1000, with_draft_probs, "cpu", torch.Generator().manual_seed(0), extra_slots=0
+        )
         kernels.rejection_sample.rejection_sample_triton(**args)
     print(f"{len(compiled)} kernel variants compiled for sm_{TARGET.arch}")
 

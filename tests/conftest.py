@@ -19,13 +19,26 @@ from sut.cpu.build import runnable_levels  # noqa: E402 (after TRITON_INTERPRET)
 # (tests/test_cpu_build.py names, as a skip, the levels it cannot run).
 LEVELS = runnable_levels()
 
-SMOLLM2_DIR = Path(os.environ.get("SAAF_MODEL_DIR", Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser()
-                                  / "models" / "smollm2-135m-instruct"))
+SMOLLM2_DIR = Path(
+    os.environ.get(
+        "SAAF_MODEL_DIR",
+        Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser() / "models" / "smollm2-135m-instruct",
+    )
+)
 
 TINY_CONFIG = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False,
-    bos_token_id=1, eos_token_id=2, pad_token_id=0,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
     # Large random weights give well-separated logits, so greedy ties cannot hide a real difference.
     initializer_range=0.3,
 )
@@ -68,10 +81,15 @@ def process_alive(pid: int) -> bool:
 def hf_greedy(model, prompt, max_new_tokens, eos_token_id=2):
     """transformers' greedy continuation of one unpadded prompt, cut after the first EOS."""
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                             do_sample=False, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id,
-                             pad_token_id=eos_token_id)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 def tiny_model_and_dataset(tiny_folder, root, num_samples, seed):

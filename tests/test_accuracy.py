@@ -8,21 +8,28 @@ import pytest
 from rouge_score.rouge_scorer import RougeScorer
 
 from accuracy.accuracy_log import AccuracyLogError, read_accuracy_log
-from accuracy.report import (check_targets, format_accuracy_txt, reference_targets, summarization_accuracy,
-                             targets_for)
+from accuracy.report import check_targets, format_accuracy_txt, reference_targets, summarization_accuracy, targets_for
 from accuracy.rouge import postprocess, rouge_scores
 from accuracy.sentences import sent_tokenize
 
 TEXTS = [
     "Mr. Smith went to Washington. He arrived at 5 p.m. on Jan. 3. It was cold.",
-    "The U.S. economy grew 2.5% in Q3, said Dr. Jones of the Fed. Markets rose. \"Good news,\" she said.",
+    'The U.S. economy grew 2.5% in Q3, said Dr. Jones of the Fed. Markets rose. "Good news," she said.',
     "  A single sentence without a final stop  ",
     "Prices fell 3.5 per cent. Ltd. firms in the U.K. were hit hardest... Analysts expect more cuts!",
 ]
-PREDICTIONS = ["The cat sat on the mat. It was happy.", "Stocks fell sharply on Monday after the report.",
-               "Rain is expected in the north. Winds will be strong.", "Nothing to see here."]
-REFERENCES = ["A cat sat on a mat and was happy.", "Shares dropped on Monday following the jobs report.",
-              "Heavy rain and strong winds are forecast for northern areas.", "The council met on Tuesday."]
+PREDICTIONS = [
+    "The cat sat on the mat. It was happy.",
+    "Stocks fell sharply on Monday after the report.",
+    "Rain is expected in the north. Winds will be strong.",
+    "Nothing to see here.",
+]
+REFERENCES = [
+    "A cat sat on a mat and was happy.",
+    "Shares dropped on Monday following the jobs report.",
+    "Heavy rain and strong winds are forecast for northern areas.",
+    "The council met on Tuesday.",
+]
 
 
 def test_sentence_split_matches_the_punkt_packages_own_splitter():
@@ -30,7 +37,11 @@ def test_sentence_split_matches_the_punkt_packages_own_splitter():
 
     for text in TEXTS:
         assert sent_tokenize(text) == punkt.sent_tokenize(text)
-    assert sent_tokenize(TEXTS[0]) == ["Mr. Smith went to Washington.", "He arrived at 5 p.m. on Jan. 3.", "It was cold."]
+    assert sent_tokenize(TEXTS[0]) == [
+        "Mr. Smith went to Washington.",
+        "He arrived at 5 p.m. on Jan. 3.",
+        "It was cold.",
+    ]
 
 
 def test_rouge_equals_rouge_scores_own_scorer():
@@ -54,9 +65,19 @@ def test_rouge_on_hand_checked_cases():
 
 
 def write_log(path, entries):
-    path.write_text(json.dumps([
-        {"seq_id": i, "qsl_idx": q, "data": np.array(ids, dtype=np.int32).tobytes().hex(), "token_count": len(ids)}
-        for i, (q, ids) in enumerate(entries)]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "seq_id": i,
+                    "qsl_idx": q,
+                    "data": np.array(ids, dtype=np.int32).tobytes().hex(),
+                    "token_count": len(ids),
+                }
+                for i, (q, ids) in enumerate(entries)
+            ]
+        )
+    )
 
 
 def test_accuracy_log_decodes_int32_and_dedupes_by_qsl_idx(tmp_path):
@@ -97,7 +118,8 @@ def test_targets():
     failures = check_targets(targets, low)
     assert len(failures) == 2 and failures[0].startswith("rouge2 = 15.0 is not >= 15.7484")
     assert check_targets(targets_for("llama2-70b-99.9"), {"rouge1": 45, "rouge2": 23, "rougeL": 29}) == [
-        "tokens_per_sample: missing from the result"]
+        "tokens_per_sample: missing from the result"
+    ]
     with pytest.raises(KeyError, match="no accuracy targets for benchmark 'gptj'"):
         targets_for("gptj")
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sut import (LLM, CheckpointError, ConfigError, InvalidRequestError, LLMEngine, SamplingParams,
-                 UnsupportedModelError)
+from sut import LLM, CheckpointError, ConfigError, InvalidRequestError, LLMEngine, SamplingParams, UnsupportedModelError
 from sut.errors import WorkerError
 from tests.conftest import random_prompts
 
@@ -34,7 +33,9 @@ def test_prompt_longer_than_model_maximum(engine):
 
 @pytest.mark.parametrize("bad", [256, -1, 10**9])
 def test_token_id_outside_vocabulary(engine, bad):
-    with pytest.raises(InvalidRequestError, match=rf"token id {bad} at position 2 is outside the vocabulary \[0, 256\)"):
+    with pytest.raises(
+        InvalidRequestError, match=rf"token id {bad} at position 2 is outside the vocabulary \[0, 256\)"
+    ):
         engine.add_request([5, 6, bad, 7])
 
 
@@ -96,7 +97,9 @@ def test_truncated_safetensors(tiny_llama, tmp_path):
     path = folder / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors file, truncated or corrupt"):
+    with pytest.raises(
+        CheckpointError, match=r"model\.safetensors: not a readable safetensors file, truncated or corrupt"
+    ):
         LLM(folder)
 
 
@@ -201,8 +204,11 @@ def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
 
     llm = LLM(tiny_llama[0], num_kv_blocks=64)
     prompts = random_prompts([6, 13, 4])
-    params = [SamplingParams(max_tokens=10, ignore_eos=True), SamplingParams(max_tokens=2, ignore_eos=True),
-              SamplingParams(max_tokens=10, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=10, ignore_eos=True),
+        SamplingParams(max_tokens=2, ignore_eos=True),
+        SamplingParams(max_tokens=10, ignore_eos=True),
+    ]
     sample, calls = sut.engine.sample, []
 
     def sample_failing_at_the_fourth(*args):
@@ -316,18 +322,23 @@ def test_requests_from_another_thread(tiny_llama):
         assert outputs[i].token_ids == ref.token_ids == seen[i]
 
 
-@pytest.mark.parametrize("command", [
-    ["sut.bench", "--model", "MISSING", "--skip-hf"],
-    ["sut.step_bench", "--model", "MISSING"],
-    ["sut.step_bench", "--model", "TINY", "--int16", "--no-quantized-weights"],
-])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["sut.bench", "--model", "MISSING", "--skip-hf"],
+        ["sut.step_bench", "--model", "MISSING"],
+        ["sut.step_bench", "--model", "TINY", "--int16", "--no-quantized-weights"],
+    ],
+)
 def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
     """A missing model folder or a setting the engine refuses: one `error:` line naming it, exit 2."""
     args = [str(tmp_path / "nope") if a == "MISSING" else str(tiny_llama[0]) if a == "TINY" else a for a in command]
     done = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr
-    want = "model folder does not exist" if "MISSING" in command else "cpu.int16_activations needs cpu.quantized_weights"
+    want = (
+        "model folder does not exist" if "MISSING" in command else "cpu.int16_activations needs cpu.quantized_weights"
+    )
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and want in last, done.stderr
 
@@ -375,9 +386,11 @@ def test_a_row_of_bad_logits_fails_its_sequence_alone(tiny_llama, monkeypatch, s
     fails, and the others in the batch go on to the outputs they get without it."""
     from sut.sampler import NONFINITE_LOGITS
 
-    params = {"bad": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=1),
-              "greedy": SamplingParams(max_tokens=12, ignore_eos=True),
-              "seeded": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=2)}
+    params = {
+        "bad": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=1),
+        "greedy": SamplingParams(max_tokens=12, ignore_eos=True),
+        "seeded": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=2),
+    }
     prompts = dict(zip(params, random_prompts([5, 9, 4], seed=3)))
     spec = {"method": "ngram", "num_speculative_tokens": 3} if speculate else None
 
@@ -420,8 +433,11 @@ def test_a_row_of_bad_logits_fails_its_sequence_alone(tiny_llama, monkeypatch, s
 def write_sums(folder: Path) -> None:
     from sut.checksums import sha256_of
 
-    (folder / "SHA256SUMS").write_text("".join(f"{sha256_of(p)}  {p.name}\n" for p in sorted(folder.iterdir())
-                                               if p.is_file() and p.name != "SHA256SUMS"))
+    (folder / "SHA256SUMS").write_text(
+        "".join(
+            f"{sha256_of(p)}  {p.name}\n" for p in sorted(folder.iterdir()) if p.is_file() and p.name != "SHA256SUMS"
+        )
+    )
 
 
 def test_a_folder_whose_files_changed_since_its_sha256sums_is_refused(tiny_llama, tmp_path):
@@ -431,8 +447,11 @@ def test_a_folder_whose_files_changed_since_its_sha256sums_is_refused(tiny_llama
     write_sums(folder)
     LLM(folder, num_kv_blocks=16)  # intact: loads
     plant(folder, "model.layers.0.input_layernorm.weight", 0.5)
-    with pytest.raises(CheckpointError, match=rf"{folder}/model.safetensors: its SHA-256 is [0-9a-f]{{64}}, and "
-                                              r"SHA256SUMS says [0-9a-f]{64}: the file changed since it was written"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{folder}/model.safetensors: its SHA-256 is [0-9a-f]{{64}}, and "
+        r"SHA256SUMS says [0-9a-f]{64}: the file changed since it was written",
+    ):
         LLM(folder, num_kv_blocks=16)
     with pytest.raises(CheckpointError, match="the file changed since it was written"):  # checked before replicas start
         LLM(folder, num_kv_blocks=16, data_parallel_size=2)
@@ -453,6 +472,9 @@ def test_a_folder_whose_files_changed_since_its_sha256sums_is_refused(tiny_llama
 def test_nan_or_inf_in_a_weight_is_refused_at_load(tiny_llama, tmp_path, value):
     folder = copy_model(tiny_llama, tmp_path)
     plant(folder, "model.norm.weight", value)
-    with pytest.raises(CheckpointError, match=rf"{folder}/model.safetensors: tensor 'model.norm.weight' holds NaN or "
-                                              r"inf values \(a corrupt checkpoint\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=rf"{folder}/model.safetensors: tensor 'model.norm.weight' holds NaN or "
+        r"inf values \(a corrupt checkpoint\)",
+    ):
         LLM(folder, num_kv_blocks=16)

@@ -42,11 +42,13 @@ def test_a_static_row_that_stops_early_is_cut_where_it_stopped(tiny_llama):
     first = run(LLMEngine(tiny_llama[0], **BASE), prompts[:1], [SamplingParams(max_tokens=10, ignore_eos=True)])
     first = first[0][0].token_ids
     stop = first[3]  # row 0 stops by its 4th token; row 1 runs on to 10
-    params = [SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=[stop]),
-              SamplingParams(max_tokens=10, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=10, ignore_eos=True, stop_token_ids=[stop]),
+        SamplingParams(max_tokens=10, ignore_eos=True),
+    ]
     plain, _ = run(LLMEngine(tiny_llama[0], **BASE), prompts, params)
     static, finished_at = run(LLMEngine(tiny_llama[0], **BASE, static_batching=True), prompts, params)
-    assert static[0].token_ids == plain[0].token_ids == first[:first.index(stop) + 1]
+    assert static[0].token_ids == plain[0].token_ids == first[: first.index(stop) + 1]
     assert static[0].finish_reason == "stop"
     assert static[1].token_ids == plain[1].token_ids
     assert finished_at == [10, 10]
@@ -56,7 +58,9 @@ def test_static_batching_streams_each_first_token_when_it_is_sampled(tiny_llama)
     engine = LLMEngine(tiny_llama[0], **BASE, static_batching=True)
     seen = []
     for i, prompt in enumerate(random_prompts([6, 6])):
-        engine.add_request(prompt, SamplingParams(max_tokens=5, ignore_eos=True), request_id=i, on_token=lambda t, i=i: seen.append(i))
+        engine.add_request(
+            prompt, SamplingParams(max_tokens=5, ignore_eos=True), request_id=i, on_token=lambda t, i=i: seen.append(i)
+        )
     engine.step()
     assert seen == [0, 1]  # the batch's prefill step sampled both first tokens
     while engine.has_unfinished():
@@ -83,26 +87,40 @@ def test_without_chunked_prefill_a_prompt_waits_for_a_step_it_fits_whole(tiny_ll
     params = [SamplingParams(max_tokens=3)] * 2
     first_step = {}
     for chunked in (True, False):  # a budget of 64: room for one prompt and part of the other
-        engine = LLMEngine(tiny_llama[0], **{**BASE, "max_num_batched_tokens": 64, "max_model_len": 64},
-                           enable_chunked_prefill=chunked)
+        engine = LLMEngine(
+            tiny_llama[0], **{**BASE, "max_num_batched_tokens": 64, "max_model_len": 64}, enable_chunked_prefill=chunked
+        )
         for prompt, p in zip(prompts, params):
             engine.add_request(prompt, p)
         engine._take_inbox()
         first_step[chunked] = engine.scheduler.schedule().num_new_tokens
     assert first_step == {True: [40, 24], False: [40]}
     plain, _ = run(LLMEngine(tiny_llama[0], **BASE), prompts, params)
-    whole, _ = run(LLMEngine(tiny_llama[0], **{**BASE, "max_num_batched_tokens": 64, "max_model_len": 64},
-                             enable_chunked_prefill=False), prompts, params)
+    whole, _ = run(
+        LLMEngine(
+            tiny_llama[0], **{**BASE, "max_num_batched_tokens": 64, "max_model_len": 64}, enable_chunked_prefill=False
+        ),
+        prompts,
+        params,
+    )
     assert [o.token_ids for o in whole] == [o.token_ids for o in plain]
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"static_batching": True, "max_num_batched_tokens": 64}, "max_model_len 128 exceeds max_num_batched_tokens 64"),
-    ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64}, "max_model_len 128 exceeds"),
-    ({"static_batching": "yes"}, "static_batching must be true or false"),
-    ({"static_batching": True, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
-     "static_batching and speculative_config do not go together"),
-])
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        (
+            {"static_batching": True, "max_num_batched_tokens": 64},
+            "max_model_len 128 exceeds max_num_batched_tokens 64",
+        ),
+        ({"enable_chunked_prefill": False, "max_num_batched_tokens": 64}, "max_model_len 128 exceeds"),
+        ({"static_batching": "yes"}, "static_batching must be true or false"),
+        (
+            {"static_batching": True, "speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+            "static_batching and speculative_config do not go together",
+        ),
+    ],
+)
 def test_bad_batching_settings_are_refused_by_name(tiny_llama, settings, message):
     with pytest.raises(ConfigError, match=message):
         LLMEngine(tiny_llama[0], **{**BASE, **settings})

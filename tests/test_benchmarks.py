@@ -5,15 +5,21 @@ from systems.benchmarks import BENCHMARKS, ENTRIES, SCENARIOS
 
 def test_targets_are_the_checkers_bounds():
     assert BENCHMARKS["llama3.1-8b"].targets() == {
-        "rouge1": (38.7792 * 0.99, None), "rouge2": (15.9075 * 0.99, None), "rougeL": (24.4957 * 0.99, None),
-        "rougeLsum": (35.793 * 0.99, None), "gen_len": (8167644 * 0.9, 8167644 * 1.1)}
+        "rouge1": (38.7792 * 0.99, None),
+        "rouge2": (15.9075 * 0.99, None),
+        "rougeL": (24.4957 * 0.99, None),
+        "rougeLsum": (35.793 * 0.99, None),
+        "gen_len": (8167644 * 0.9, 8167644 * 1.1),
+    }
     assert BENCHMARKS["llama2-70b-99.9"].targets()["tokens_per_sample"] == (294.45 * 0.9, 294.45 * 1.1)
 
 
 def test_latency_limits_and_loadgen_names():
     llama = BENCHMARKS["llama3.1-8b"]
     assert llama.latency_limits_ms == {"Server": (2000, 100), "Interactive": (500, 30)}
-    assert llama.loadgen_name("Interactive") == "llama3_1-8b-interactive" and llama.loadgen_name("Server") == "llama3_1-8b"
+    assert (
+        llama.loadgen_name("Interactive") == "llama3_1-8b-interactive" and llama.loadgen_name("Server") == "llama3_1-8b"
+    )
     assert BENCHMARKS["llama3.1-8b-edge"].latency_limits_ms == {} and not BENCHMARKS["llama3.1-8b-edge"].test06
 
 

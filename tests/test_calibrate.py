@@ -10,19 +10,29 @@ import subprocess
 import sys
 
 import pytest
+from conftest import random_prompts
 
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
-from harness.calibrate import (BURST_SECONDS, REPLAYS, RUN_SHARE, WINDOW_SECONDS, calibrate, calibrated_user_conf,
-                               poisson_arrivals, replay, worst_window)
+from harness.calibrate import (
+    BURST_SECONDS,
+    REPLAYS,
+    RUN_SHARE,
+    WINDOW_SECONDS,
+    calibrate,
+    calibrated_user_conf,
+    poisson_arrivals,
+    replay,
+    worst_window,
+)
 from harness.config import check_user_conf
 from sut import LLMEngine, SamplingParams
 from systems.schema import REPO
 
-from conftest import random_prompts
-
 PARAMS = SamplingParams(max_tokens=12, min_tokens=1)
-SERVER_CONF = "llama3_1-8b.Server.target_qps = 1\nllama3_1-8b.Server.min_query_count = 50\n" \
-              "llama3_1-8b.Server.performance_sample_count_override = 20\nllama3_1-8b.Server.min_duration = 0\n"
+SERVER_CONF = (
+    "llama3_1-8b.Server.target_qps = 1\nllama3_1-8b.Server.min_query_count = 50\n"
+    "llama3_1-8b.Server.performance_sample_count_override = 20\nllama3_1-8b.Server.min_duration = 0\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +44,10 @@ def schedule_at(tmp_path, qps: float) -> list:
     """loadgen_schedule in a process of its own, with SCHEDULE_QPS set to `qps`."""
     conf = tmp_path / "user.conf"
     conf.write_text(SERVER_CONF)
-    code = ("import json, harness.calibrate as c; c.SCHEDULE_QPS = %r; "
-            "print(json.dumps(c.loadgen_schedule(%r, 'llama3_1-8b', 20)))" % (qps, str(conf)))
+    code = (
+        f"import json, harness.calibrate as c; c.SCHEDULE_QPS = {qps!r}; "
+        f"print(json.dumps(c.loadgen_schedule({str(conf)!r}, 'llama3_1-8b', 20)))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -75,8 +87,17 @@ def test_replay_answers_every_arrival(engine):
 
 def test_a_feasible_scenario_gets_a_rehearsed_target(engine):
     schedule = poisson_arrivals(1.0, 400, 4, seed=3)
-    cal = calibrate(engine, random_prompts([20, 40, 10, 30]), PARAMS, "Server", 2000, 100, schedule, probe_seconds=1.0,
-                    log=lambda _line: None)
+    cal = calibrate(
+        engine,
+        random_prompts([20, 40, 10, 30]),
+        PARAMS,
+        "Server",
+        2000,
+        100,
+        schedule,
+        probe_seconds=1.0,
+        log=lambda _line: None,
+    )
     assert cal.ttft_floor_ms > 0 and cal.tpot_floor_ms > 0
     assert cal.target_qps == RUN_SHARE * cal.passed_qps and cal.capacity_qps > cal.passed_qps
     passed = cal.probes[-REPLAYS:]  # the first rate whose every replay met the limits
@@ -95,15 +116,18 @@ def test_a_scenario_below_its_floors_is_left_out_with_the_reason(engine):
 
 def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
     committed = tmp_path / "user.conf"
-    committed.write_text("# the demo\nllama3_1-8b-interactive.Server.target_qps = 0.2\n"
-                         "llama3_1-8b-interactive.Server.min_query_count = 460\n")
+    committed.write_text(
+        "# the demo\nllama3_1-8b-interactive.Server.target_qps = 0.2\n"
+        "llama3_1-8b-interactive.Server.min_query_count = 460\n"
+    )
     calibrated = calibrated_user_conf(committed, "llama3_1-8b-interactive", 0.73125)
     assert "llama3_1-8b-interactive.Server.target_qps = 0.7312\n" in calibrated
     assert calibrated.count("target_qps =") == 1 and "min_query_count = 460" in calibrated
     (tmp_path / "calibrated.conf").write_text(calibrated)
     check_user_conf(tmp_path / "calibrated.conf")
     assert "llama3_1-8b.Server.target_qps = 1.5000" in calibrated_user_conf(
-        tmp_path / "calibrated.conf", "llama3_1-8b", 1.5)  # absent: added
+        tmp_path / "calibrated.conf", "llama3_1-8b", 1.5
+    )  # absent: added
 
 
 def test_predicted_minutes_of_a_latency_scenario(tmp_path):
@@ -111,11 +135,15 @@ def test_predicted_minutes_of_a_latency_scenario(tmp_path):
     conf.write_text("llama3_1-8b.Server.target_qps = 0.5\nllama3_1-8b.Server.min_query_count = 460\n")
     assert predicted_minutes(conf.read_text(), 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60)  # 25.3 min
     assert past_budget(conf.read_text(), 200, elapsed_min=4) is None
-    assert past_budget(conf.read_text(), 200, elapsed_min=5).startswith("its runs would take 25 min, past the demo's 30-min")
+    assert past_budget(conf.read_text(), 200, elapsed_min=5).startswith(
+        "its runs would take 25 min, past the demo's 30-min"
+    )
 
 
 def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_the_budget():
-    committed = "llama3_1-8b-interactive.Server.target_qps = 0.2\nllama3_1-8b-interactive.Server.min_query_count = 460\n"
+    committed = (
+        "llama3_1-8b-interactive.Server.target_qps = 0.2\nllama3_1-8b-interactive.Server.min_query_count = 460\n"
+    )
     # (460 + 100 + 100) queries at 0.7 QPS: 15.7 min
     server = {"target_qps": 0.7, "ttft_floor_ms": 325.4, "tpot_floor_ms": 9.31}
     assert interactive_past_budget(committed, 100, server, (500, 30), elapsed_min=10) is None

@@ -28,15 +28,25 @@ def assert_one_error_line(done, *names):
 @pytest.fixture
 def root(tmp_path):
     """A repository-like folder with one system `t` whose engine block says max_num_seqs -3."""
-    system = {"division": "open", "submitter": "TestOrg",
-              "saaf_harness": {"model": str(tmp_path / "model"), "datasets": {"llama3.1-8b": str(tmp_path / "d.json")},
-                               "engine": {"max_num_seqs": -3}, "scenarios": ["Offline"]}}
+    system = {
+        "division": "open",
+        "submitter": "TestOrg",
+        "saaf_harness": {
+            "model": str(tmp_path / "model"),
+            "datasets": {"llama3.1-8b": str(tmp_path / "d.json")},
+            "engine": {"max_num_seqs": -3},
+            "scenarios": ["Offline"],
+        },
+    }
     (tmp_path / "systems").mkdir()
     (tmp_path / "systems" / "t.json").write_text(json.dumps(system))
     return tmp_path
 
 
-BAD_ENGINE = ("t.json: saaf_harness engine settings for llama3.1-8b Offline", "max_num_seqs must be a positive integer, got -3")
+BAD_ENGINE = (
+    "t.json: saaf_harness engine settings for llama3.1-8b Offline",
+    "max_num_seqs must be a positive integer, got -3",
+)
 
 
 def test_harness_run_unknown_system():
@@ -64,8 +74,12 @@ def test_submission_names_the_failed_run_and_its_error(root, smollm2_dir):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy2(smollm2_dir / name, root / "model" / name)
     done = run_cli("compliance.submission", "--system", "t", "--root", root, "--out", root / "submission")
-    assert_one_error_line(done, "harness run --system t --benchmark llama3.1-8b --scenario Offline --mode performance",
-                          "failed", *BAD_ENGINE)
+    assert_one_error_line(
+        done,
+        "harness run --system t --benchmark llama3.1-8b --scenario Offline --mode performance",
+        "failed",
+        *BAD_ENGINE,
+    )
 
 
 def test_package_unknown_system(tmp_path):
@@ -86,18 +100,27 @@ def test_check_missing_tree(tmp_path):
 
 
 def test_reference_run_missing_model(tmp_path):
-    done = run_cli("accuracy.reference_run", "--model", tmp_path / "none", "--dataset", tmp_path / "d.json",
-                   "--out", tmp_path / "out.json")
+    done = run_cli(
+        "accuracy.reference_run",
+        "--model",
+        tmp_path / "none",
+        "--dataset",
+        tmp_path / "d.json",
+        "--out",
+        tmp_path / "out.json",
+    )
     assert_one_error_line(done, "none: not a model folder")
 
 
 def test_a_system_file_that_is_not_json(root):
     (root / "systems" / "t.json").write_text("{")
-    assert_one_error_line(run_cli("harness", "run", "--system", "t", "--root", root),
-                          "t.json: needs a 'saaf_harness' object")
+    assert_one_error_line(
+        run_cli("harness", "run", "--system", "t", "--root", root), "t.json: needs a 'saaf_harness' object"
+    )
 
 
 def test_test06_missing_log(tmp_path):
-    done = run_cli("compliance.test06", "--logs", tmp_path / "none", "--out", tmp_path, "--scenario", "Offline",
-                   "--eos-id", "2")
+    done = run_cli(
+        "compliance.test06", "--logs", tmp_path / "none", "--out", tmp_path, "--scenario", "Offline", "--eos-id", "2"
+    )
     assert_one_error_line(done, "none/mlperf_log_accuracy.json: accuracy log not found")

@@ -20,8 +20,12 @@ CPU_WORDS = re.compile(r"gguf|glibc|mallopt|onednn|mkldnn", re.IGNORECASE)
 
 
 def test_device_neutral_files_name_no_cpu_specifics():
-    found = [f"{path.name}:{n}: {line.strip()}" for path in sorted(SUT.glob("*.py"))
-             for n, line in enumerate(path.read_text().splitlines(), 1) if CPU_WORDS.search(line)]
+    found = [
+        f"{path.name}:{n}: {line.strip()}"
+        for path in sorted(SUT.glob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if CPU_WORDS.search(line)
+    ]
     assert not found, "CPU backend specifics outside sut/cpu/:\n" + "\n".join(found)
 
 

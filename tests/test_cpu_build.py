@@ -3,26 +3,28 @@ SAAF_CPU_ISA forces a lower one, a level the CPU lacks or an unknown name is ref
 every level this CPU runs builds and says it is that level."""
 
 import pytest
+from conftest import LEVELS as RUNNABLE
 
 from sut import machine_description
 from sut.cpu import build
 from sut.cpu.build import LEVELS, library, runnable_levels, selected_level
 from sut.errors import ConfigError
 
-from conftest import LEVELS as RUNNABLE
-
 AVX2 = {"sse2", "avx", "avx2", "fma", "f16c"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}
 
 
-@pytest.mark.parametrize("machine, flags, levels", [
-    ("x86_64", {"sse2"}, ["portable"]),
-    ("x86_64", AVX2, ["portable", "avx2"]),
-    ("x86_64", AVX512 - {"avx512_vnni"}, ["portable", "avx2"]),  # AVX-512 without VNNI: the AVX2 kernels
-    ("x86_64", AVX512, ["portable", "avx2", "avx512"]),
-    ("aarch64", set(), ["portable"]),
-    ("arm64", set(), ["portable"]),
-])
+@pytest.mark.parametrize(
+    "machine, flags, levels",
+    [
+        ("x86_64", {"sse2"}, ["portable"]),
+        ("x86_64", AVX2, ["portable", "avx2"]),
+        ("x86_64", AVX512 - {"avx512_vnni"}, ["portable", "avx2"]),  # AVX-512 without VNNI: the AVX2 kernels
+        ("x86_64", AVX512, ["portable", "avx2", "avx512"]),
+        ("aarch64", set(), ["portable"]),
+        ("arm64", set(), ["portable"]),
+    ],
+)
 def test_levels_follow_the_cpu(monkeypatch, machine, flags, levels):
     monkeypatch.setattr(build.platform, "machine", lambda: machine)
     monkeypatch.setattr(build, "_cpu_flags", lambda: flags)

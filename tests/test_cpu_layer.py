@@ -5,6 +5,8 @@ the cache; and the engine takes it for decode-only steps within its row limit on
 
 import pytest
 import torch
+from conftest import LEVELS, TINY_CONFIG, hf_greedy, random_prompts
+from test_cpu_quant import blockify
 
 from kernels import AttentionMetadata
 from sut import LLM, SamplingParams
@@ -12,9 +14,6 @@ from sut.cpu.build import library
 from sut.cpu.layer import CpuDecoder
 from sut.cpu.ops import c_ops
 from sut.cpu.quant import BLOCK_ROWS_MAX, INT16_ROWS_MAX, write_gguf_blocks
-
-from conftest import LEVELS, TINY_CONFIG, hf_greedy, random_prompts
-from test_cpu_quant import blockify
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the CPU kernels")
 
@@ -24,8 +23,17 @@ def blocks_folder(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(11)
-    model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, "num_attention_heads": 6, "num_key_value_heads": 2,
-                                            "hidden_size": 192, "intermediate_size": 256})).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            **{
+                **TINY_CONFIG,
+                "num_attention_heads": 6,
+                "num_key_value_heads": 2,
+                "hidden_size": 192,
+                "intermediate_size": 256,
+            }
+        )
+    ).eval()
     tensors = blockify(model)
     folder = tmp_path_factory.mktemp("tiny-blocks-layer")
     model.save_pretrained(folder)
@@ -39,8 +47,9 @@ def step_metadata(query_lens, seq_lens, block_size):
     for i, (q, n) in enumerate(zip(query_lens, seq_lens)):
         slots += [i * 8 * block_size + p for p in range(n - q, n)]
     cu = torch.tensor([0] + list(torch.tensor(query_lens).cumsum(0)), dtype=torch.int32)
-    return AttentionMetadata(torch.tensor(slots), tables, cu, torch.tensor(seq_lens, dtype=torch.int32),
-                             list(query_lens), list(seq_lens))
+    return AttentionMetadata(
+        torch.tensor(slots), tables, cu, torch.tensor(seq_lens, dtype=torch.int32), list(query_lens), list(seq_lens)
+    )
 
 
 @pytest.mark.parametrize("level", LEVELS)
@@ -94,8 +103,9 @@ def test_engine_decodes_in_one_call_within_the_row_limit(blocks_folder, monkeypa
     assert decoder.max_rows == limit
     calls = []
     forward = decoder.forward
-    monkeypatch.setattr(decoder, "forward", lambda ids, *a: calls.append((len(ids), forward(ids, *a) is not None))
-                        or forward(ids, *a))
+    monkeypatch.setattr(
+        decoder, "forward", lambda ids, *a: calls.append((len(ids), forward(ids, *a) is not None)) or forward(ids, *a)
+    )
     # One row past a limit; a level without one (avx512's int16 kernels) takes a batch of 32 in one call.
     bounded = decoder.max_rows < 32
     num_prompts = decoder.max_rows + 1 if bounded else 32

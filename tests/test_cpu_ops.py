@@ -5,6 +5,7 @@ write and SiLU-and-mul."""
 
 import pytest
 import torch
+from conftest import LEVELS
 
 from kernels import TORCH_OPS
 from kernels.attention import AttentionMetadata, paged_attention
@@ -12,8 +13,6 @@ from kernels.checks import random_paged_cache
 from kernels.decode_attention import decode_attention_reference
 from sut.cpu.build import library
 from sut.cpu.ops import c_ops
-
-from conftest import LEVELS
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the CPU kernels")
 EXACT = dict(rtol=1e-5, atol=1e-5)
@@ -30,8 +29,8 @@ def test_decode_attention_matches_reference(level, heads, kv_heads, dim, block_s
     seq_lens = torch.tensor(lens, dtype=torch.int32)
     cu = torch.arange(len(lens) + 1, dtype=torch.int32)
     meta = AttentionMetadata(torch.full((len(lens),), -1), tables, cu, seq_lens, [1] * len(lens), lens)
-    got = c_ops(library(level)).paged_attention(q, None, None, k_cache, v_cache, meta, dim ** -0.5)
-    want = decode_attention_reference(q, k_cache, v_cache, tables, seq_lens, dim ** -0.5)
+    got = c_ops(library(level)).paged_attention(q, None, None, k_cache, v_cache, meta, dim**-0.5)
+    want = decode_attention_reference(q, k_cache, v_cache, tables, seq_lens, dim**-0.5)
     torch.testing.assert_close(got, want, **EXACT)
 
 
@@ -47,7 +46,9 @@ def test_mixed_step_decodes_by_c_and_chunks_by_sdpa_match_reference(level):
     cu = torch.tensor([0, 1, 6, 7, 14], dtype=torch.int32)
 
     def meta():
-        return AttentionMetadata(torch.full((14,), -1), tables, cu, torch.tensor(lens, dtype=torch.int32), query_lens, lens)
+        return AttentionMetadata(
+            torch.full((14,), -1), tables, cu, torch.tensor(lens, dtype=torch.int32), query_lens, lens
+        )
 
     # the fresh prompt (no cached context) attends to this step's k, v: give the reference the same
     k_fresh, v_fresh = torch.zeros(14, 3, 64), torch.zeros(14, 3, 64)
@@ -61,10 +62,16 @@ def test_mixed_step_decodes_by_c_and_chunks_by_sdpa_match_reference(level):
 @pytest.mark.parametrize("rows, dim", [(1, 576), (3, 64), (70, 100), (600, 576)])  # 600 x 576: the threaded path
 def test_rms_norms_match_reference(level, rows, dim):
     g = torch.Generator().manual_seed(rows)
-    x, residual, weight = torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g), torch.randn(dim, generator=g)
+    x, residual, weight = (
+        torch.randn(rows, dim, generator=g),
+        torch.randn(rows, dim, generator=g),
+        torch.randn(dim, generator=g),
+    )
     ops = c_ops(library(level))
     torch.testing.assert_close(ops.rms_norm(x, weight, 1e-5), TORCH_OPS.rms_norm(x, weight, 1e-5), **EXACT)
-    for got, want in zip(ops.add_rms_norm(x, residual, weight, 1e-5), TORCH_OPS.add_rms_norm(x, residual, weight, 1e-5)):
+    for got, want in zip(
+        ops.add_rms_norm(x, residual, weight, 1e-5), TORCH_OPS.add_rms_norm(x, residual, weight, 1e-5)
+    ):
         torch.testing.assert_close(got, want, **EXACT)
 
 
@@ -106,8 +113,7 @@ def test_kv_cache_write_matches_reference(level):
 def test_silu_and_mul_matches_reference(level, rows):
     gate_up = 6 * torch.randn(rows, 2 * 1536, generator=torch.Generator().manual_seed(rows))
     gate_up[0, :4] = torch.tensor([0.0, -100.0, 100.0, -0.0])
-    torch.testing.assert_close(c_ops(library(level)).silu_and_mul(gate_up), TORCH_OPS.silu_and_mul(gate_up),
-                               **EXACT)
+    torch.testing.assert_close(c_ops(library(level)).silu_and_mul(gate_up), TORCH_OPS.silu_and_mul(gate_up), **EXACT)
 
 
 def test_engine_takes_the_c_ops_of_its_level(tiny_llama):

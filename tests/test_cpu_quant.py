@@ -5,19 +5,24 @@ checkpoint exactly, so the engine's output does not change; bad block files are 
 import numpy as np
 import pytest
 import torch
+from conftest import LEVELS, hf_greedy, random_prompts
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
 from kernels import AttentionMetadata
-
 from sut import LLM, SamplingParams
 from sut.cpu.build import library
-from sut.cpu.quant import INT16_ROWS_MAX
-from sut.cpu.quant import (BLOCK, BLOCK_BYTES, BLOCK_ROWS_MAX, GGUF_BLOCKS_FILE, BlockQuantLinear, BlockWeights,
-                           write_gguf_blocks)
+from sut.cpu.quant import (
+    BLOCK,
+    BLOCK_BYTES,
+    BLOCK_ROWS_MAX,
+    GGUF_BLOCKS_FILE,
+    INT16_ROWS_MAX,
+    BlockQuantLinear,
+    BlockWeights,
+    write_gguf_blocks,
+)
 from sut.errors import CheckpointError
-
-from conftest import LEVELS, hf_greedy, random_prompts
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build sut/cpu/quant.c")
 
@@ -27,8 +32,9 @@ def random_blocks(rows: int, cols: int, fmt: str, seed: int = 0, scale: float = 
     g = torch.Generator().manual_seed(seed)
     nb = cols // BLOCK
     d = ((torch.rand(rows, nb, 1, generator=g) + 0.05) * scale).half().view(torch.uint8)
-    codes = torch.randint(0, 256, (rows, nb, BLOCK_BYTES[fmt] - (4 if fmt == "Q4_1" else 2)), generator=g,
-                          dtype=torch.uint8)
+    codes = torch.randint(
+        0, 256, (rows, nb, BLOCK_BYTES[fmt] - (4 if fmt == "Q4_1" else 2)), generator=g, dtype=torch.uint8
+    )
     if fmt == "Q4_1":
         m = (-torch.rand(rows, nb, 1, generator=g) * 8 * scale).half().view(torch.uint8)
         return torch.cat((d, m, codes), dim=2)
@@ -66,7 +72,9 @@ def test_int16_kernel_error_is_that_of_rounding_x_to_int16(level, fmt, rows_out,
     x = torch.randn(batch, cols, generator=torch.Generator().manual_seed(batch)).double()
     x[:, :BLOCK] *= 50  # a block with outliers, as activations have
     w = blocks.dequantize().double()
-    half_step = (x.view(batch, -1, BLOCK).abs().amax(-1, keepdim=True) / 32767 / 2).expand(-1, -1, BLOCK).reshape(batch, cols)
+    half_step = (
+        (x.view(batch, -1, BLOCK).abs().amax(-1, keepdim=True) / 32767 / 2).expand(-1, -1, BLOCK).reshape(batch, cols)
+    )
     bound = half_step @ w.abs().T + 1e-5 * (x.abs() @ w.abs().T)
     error = (blocks.matmul_int16(x.float(), library(level)).double() - x @ w.T).abs()
     assert (error <= bound).all()
@@ -88,14 +96,20 @@ def test_block_linear_takes_each_kernel_up_to_its_levels_row_limits(monkeypatch,
     calls = []
     for name in ("matmul_int16", "matmul"):
         kernel = getattr(BlockWeights, name)
-        monkeypatch.setattr(BlockWeights, name, lambda self, x, lib, kernel=kernel, name=name:
-                            calls.append((name, x.shape[0])) or kernel(self, x, lib))
+        monkeypatch.setattr(
+            BlockWeights,
+            name,
+            lambda self, x, lib, kernel=kernel, name=name: calls.append((name, x.shape[0])) or kernel(self, x, lib),
+        )
     rows_tried = sorted({0, 1, *(min(n, 300) for n in (int16_rows, int16_rows + 1, exact_rows, exact_rows + 1)), 300})
     for rows in rows_tried:
         x = torch.randn(rows, 64)
         torch.testing.assert_close(layer(x), dense(x), rtol=1e-3 if int16 else 1e-5, atol=1e-3 if int16 else 1e-5)
-    expected = [("matmul_int16", n) if n <= int16_rows else ("matmul", n) for n in rows_tried
-                if n <= max(int16_rows, exact_rows)]
+    expected = [
+        ("matmul_int16", n) if n <= int16_rows else ("matmul", n)
+        for n in rows_tried
+        if n <= max(int16_rows, exact_rows)
+    ]
     assert calls == expected
     assert layer(torch.randn(2, 3, 64)).shape == (2, 3, 40)
 
@@ -115,9 +129,8 @@ def blockify(model: nn.Module) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_blocks_model(tmp_path_factory):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from conftest import TINY_CONFIG
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(7)
     model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, "hidden_size": 64, "intermediate_size": 128})).eval()
@@ -172,7 +185,9 @@ def test_smollm2_blocks_rebuild_its_checkpoint_and_keep_its_output(smollm2_dir):
     layers = [m for m in with_blocks.engine.runner.model.modules() if isinstance(m, BlockQuantLinear)]
     assert len(layers) == 30 * 4 + 1
     assert with_blocks.engine.runner.model.lm_head.blocks.format == "Q8_0"
-    dense = LLM(smollm2_dir, dtype="float32", kv_cache_memory_gb=0.05, max_model_len=512, cpu={"quantized_weights": False})
+    dense = LLM(
+        smollm2_dir, dtype="float32", kv_cache_memory_gb=0.05, max_model_len=512, cpu={"quantized_weights": False}
+    )
     prompts = [[1] + p for p in random_prompts([12, 30, 7, 19, 25, 9, 40, 16, 22, 11], vocab=40000, seed=3)]
     params = SamplingParams(max_tokens=16)
     for batch in (prompts[:1], prompts[:4], prompts):
@@ -183,8 +198,14 @@ def test_smollm2_blocks_rebuild_its_checkpoint_and_keep_its_output(smollm2_dir):
 def prefill_metadata(n: int) -> AttentionMetadata:
     """One sequence of n new tokens, nothing cached, nothing stored."""
     i32 = torch.int32
-    return AttentionMetadata(torch.full((n,), -1), torch.zeros(1, 1, dtype=i32), torch.tensor([0, n], dtype=i32),
-                             torch.tensor([n], dtype=i32), [n], [n])
+    return AttentionMetadata(
+        torch.full((n,), -1),
+        torch.zeros(1, 1, dtype=i32),
+        torch.tensor([0, n], dtype=i32),
+        torch.tensor([n], dtype=i32),
+        [n],
+        [n],
+    )
 
 
 def test_smollm2_int16_activations_stay_close_to_exact(smollm2_dir):
@@ -197,7 +218,9 @@ def test_smollm2_int16_activations_stay_close_to_exact(smollm2_dir):
     assert all(m.int16 for m in approx.model.modules() if isinstance(m, BlockQuantLinear))
     for prompt in [[1] + p for p in random_prompts([12, 30, 70], vocab=40000, seed=5)]:
         ids, positions = torch.tensor(prompt), torch.arange(len(prompt))
-        logits = [runner.model.compute_logits(runner.model(ids, positions, prefill_metadata(len(prompt)))[-1:])[0]
-                  for runner in (exact, approx)]
+        logits = [
+            runner.model.compute_logits(runner.model(ids, positions, prefill_metadata(len(prompt)))[-1:])[0]
+            for runner in (exact, approx)
+        ]
         assert (logits[0] - logits[1]).abs().max() < 0.01 * (logits[0].max() - logits[0].min())
         assert logits[0].argmax() == logits[1].argmax()

@@ -27,8 +27,9 @@ class StandInGraph:
 
 
 def test_decode_graphs_give_the_eager_tokens(tiny_llama):
-    settings = dict(kernels="triton", num_kv_blocks=128, block_size=8, max_num_seqs=20, max_num_batched_tokens=256,
-                    device="cpu")
+    settings = dict(
+        kernels="triton", num_kv_blocks=128, block_size=8, max_num_seqs=20, max_num_batched_tokens=256, device="cpu"
+    )
     prompts = random_prompts([3 + (7 * i) % 23 for i in range(18)], seed=4)
     params = [SamplingParams(max_tokens=2 + i % 5, ignore_eos=True) for i in range(18)]
     eager = [o.token_ids for o in LLM(tiny_llama[0], **settings).generate(prompts, params)]

@@ -14,21 +14,28 @@ def write(path, records):
 
 
 def test_load_cnn_eval(tmp_path):
-    path = write(tmp_path / "cnn_eval.json", [{"input": "a", "tok_input": [1, 2, 3], "output": "x"},
-                                               {"input": "b", "tok_input": [4], "output": "y"}])
+    path = write(
+        tmp_path / "cnn_eval.json",
+        [{"input": "a", "tok_input": [1, 2, 3], "output": "x"}, {"input": "b", "tok_input": [4], "output": "y"}],
+    )
     data = load_cnn_eval(path)
     assert len(data) == 2 and data.input_ids == [[1, 2, 3], [4]] and data.references == ["x", "y"]
 
 
-@pytest.mark.parametrize("records, message", [
-    ([{"tok_input": [1]}], "sample 0 has no 'output' field"),
-    ([{"output": "x"}], "sample 0 has no 'tok_input' field"),
-    ([{"tok_input": [1], "output": "x"}, {"tok_input": [], "output": "y"}],
-     "sample 1 field 'tok_input' must be a non-empty list of token ids"),
-    ([{"tok_input": [1, "2"], "output": "x"}], "sample 0 field 'tok_input' must be a non-empty list"),
-    ([{"tok_input": [1], "output": 3}], "sample 0 field 'output' must be a string"),
-    ([], "expected a non-empty JSON list"),
-])
+@pytest.mark.parametrize(
+    "records, message",
+    [
+        ([{"tok_input": [1]}], "sample 0 has no 'output' field"),
+        ([{"output": "x"}], "sample 0 has no 'tok_input' field"),
+        (
+            [{"tok_input": [1], "output": "x"}, {"tok_input": [], "output": "y"}],
+            "sample 1 field 'tok_input' must be a non-empty list of token ids",
+        ),
+        ([{"tok_input": [1, "2"], "output": "x"}], "sample 0 field 'tok_input' must be a non-empty list"),
+        ([{"tok_input": [1], "output": 3}], "sample 0 field 'output' must be a string"),
+        ([], "expected a non-empty JSON list"),
+    ],
+)
 def test_bad_samples_are_named(tmp_path, records, message):
     with pytest.raises(DatasetError, match=message):
         load_cnn_eval(write(tmp_path / "d.json", records))
@@ -48,19 +55,28 @@ def test_demo_builder_writes_chat_prompts_that_load_back(smollm2_dir, tmp_path):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
-    examples = [{"input": "\n".join(f"The council met on day {i}." for i in range(n)) if n else "word " * 400,
-                 "target": f" Summary {n}. ", "comment": f"xsum-test-{n}"} for n in (3, 0, 400, 5)]
+    examples = [
+        {
+            "input": "\n".join(f"The council met on day {i}." for i in range(n)) if n else "word " * 400,
+            "target": f" Summary {n}. ",
+            "comment": f"xsum-test-{n}",
+        }
+        for n in (3, 0, 400, 5)
+    ]
     records = build(examples, tokenizer, num_samples=3, max_prompt_tokens=200)
     assert [r["id"] for r in records] == ["xsum-test-3", "xsum-test-400", "xsum-test-5"]  # one long line: no room
     assert records[0]["output"] == "Summary 3."
-    assert records[0]["input"].startswith("<|im_start|>system") and records[0]["input"].endswith("<|im_start|>assistant\n")
+    assert records[0]["input"].startswith("<|im_start|>system") and records[0]["input"].endswith(
+        "<|im_start|>assistant\n"
+    )
     assert "day 2." in records[0]["input"]  # the whole article fits
     cut = records[1]["input"]
     kept = cut.count("The council met on day")
     assert 2 <= kept < 400 and "The council met on day 0." in cut and f"day {kept - 1}." in cut
     one_more = "\n".join(f"The council met on day {i}." for i in range(kept + 1))
-    text = tokenizer.apply_chat_template([{"role": "user", "content": INSTRUCTION.format(article=one_more)}],
-                                         add_generation_prompt=True, tokenize=False)
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": INSTRUCTION.format(article=one_more)}], add_generation_prompt=True, tokenize=False
+    )
     assert len(tokenizer.encode(text, add_special_tokens=False)) > 200  # the most sentences that fit
     data = load_cnn_eval(write(tmp_path / "demo.json", records))
     assert data.input_ids[0] == tokenizer.encode(records[0]["input"], add_special_tokens=False)

@@ -93,8 +93,14 @@ def test_llama31_rope_scaling_matches_transformers(tmp_path):
 
     from tests.conftest import TINY_CONFIG
 
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    }
     torch.manual_seed(11)
     model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, "rope_parameters": rope})).eval()
     model.save_pretrained(tmp_path)

@@ -11,14 +11,32 @@ import torch
 from sut.gpu_bench import StepBench
 from tests.test_triton_kernels import REPO
 
-TINY = dict(architectures=["LlamaForCausalLM"], vocab_size=256, hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
-            rope_theta=10000.0, max_position_embeddings=256, dtype="float32")
+TINY = dict(
+    architectures=["LlamaForCausalLM"],
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=256,
+    dtype="float32",
+)
 
 
 def test_step_bench_runs_decode_and_mixed_steps(monkeypatch):
-    bench = StepBench(TINY, "cpu", max_num_seqs=4, max_model_len=64, max_tokens=4 * 20 + 2 * 16, kernels="triton",
-                      cpu={"quantized_weights": False})
+    bench = StepBench(
+        TINY,
+        "cpu",
+        max_num_seqs=4,
+        max_model_len=64,
+        max_tokens=4 * 20 + 2 * 16,
+        kernels="triton",
+        cpu={"quantized_weights": False},
+    )
     outputs = []
     execute = bench.runner.execute
     monkeypatch.setattr(bench.runner, "execute", lambda step: outputs.append(execute(step)) or outputs[-1])
@@ -35,8 +53,23 @@ def test_step_bench_runs_decode_and_mixed_steps(monkeypatch):
     assert bench.block_manager.num_free_blocks == bench.block_manager.num_blocks  # each step's sequences freed
 
 
-REQUIREMENTS_BEYOND_GPU_CHECK = ("mlperf_loadgen", "transformers", "tokenizers", "safetensors", "datasets", "pandas",
-                                 "yaml", "tqdm", "gguf", "accelerate", "pytest", "rouge_score", "absl", "six", "nltk")
+REQUIREMENTS_BEYOND_GPU_CHECK = (
+    "mlperf_loadgen",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "datasets",
+    "pandas",
+    "yaml",
+    "tqdm",
+    "gguf",
+    "accelerate",
+    "pytest",
+    "rouge_score",
+    "absl",
+    "six",
+    "nltk",
+)
 
 
 def test_gpu_check_needs_nothing_beyond_torch_triton_numpy(tmp_path):

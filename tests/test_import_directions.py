@@ -35,7 +35,7 @@ def imported_modules(tree: ast.AST, package_parts: list[str]):
                 yield node.lineno, alias.name
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package_parts[:len(package_parts) - node.level + 1]
+                base = package_parts[: len(package_parts) - node.level + 1]
                 yield node.lineno, ".".join(base + ([node.module] if node.module else []))
             else:
                 yield node.lineno, node.module
@@ -53,8 +53,10 @@ def forbidden_imports(root: Path) -> list[str]:
                 top = module.split(".")[0]
                 also = COMMANDS.get(path.relative_to(root).as_posix(), set())
                 ours_forbidden = top in OURS and top != package and top not in allowed | also
-                third_party_forbidden = top not in OURS and (top in FORBIDDEN_THIRD_PARTY.get(package, ()) or (
-                    package in STDLIB_ONLY and top not in sys.stdlib_module_names))
+                third_party_forbidden = top not in OURS and (
+                    top in FORBIDDEN_THIRD_PARTY.get(package, ())
+                    or (package in STDLIB_ONLY and top not in sys.stdlib_module_names)
+                )
                 if ours_forbidden or third_party_forbidden:
                     found.append(f"{path.relative_to(root)}:{line}: {package} -> {top} ({module})")
     return found

@@ -47,24 +47,42 @@ def detail(tmp_path):
     entries = {}
     for line in (tmp_path / "mlperf_log_detail.txt").read_text().splitlines():
         if line.startswith(":::MLLOG"):
-            entry = json.loads(line[len(":::MLLOG"):])
+            entry = json.loads(line[len(":::MLLOG") :])
             assert not entry["metadata"].get("is_error"), entry
             entries[entry["key"]] = entry["value"]
     return entries
 
 
 def test_offline_performance_run_is_valid(tiny_llama, prompts, tmp_path):
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.PerformanceOnly,
-                           min_duration_ms=500, min_query_count=NUM_SAMPLES, offline_expected_qps=2000)
+    assert not run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        lg.TestScenario.Offline,
+        lg.TestMode.PerformanceOnly,
+        min_duration_ms=500,
+        min_query_count=NUM_SAMPLES,
+        offline_expected_qps=2000,
+    )
     summary = (tmp_path / "mlperf_log_summary.txt").read_text()
     assert "Result is : VALID" in summary, summary
     assert detail(tmp_path)["result_validity"] == "VALID"
 
 
 def test_server_performance_run_is_valid_and_streams_the_first_token(tiny_llama, prompts, tmp_path):
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
-                           server_target_qps=100, min_duration_ms=1000, min_query_count=480, ttft_latency=2_000_000_000,
-                           tpot_latency=500_000_000, accuracy_log_probability=1.0)
+    assert not run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        lg.TestScenario.Server,
+        lg.TestMode.PerformanceOnly,
+        server_target_qps=100,
+        min_duration_ms=1000,
+        min_query_count=480,
+        ttft_latency=2_000_000_000,
+        tpot_latency=500_000_000,
+        accuracy_log_probability=1.0,
+    )
     summary = (tmp_path / "mlperf_log_summary.txt").read_text()
     assert "Result is : VALID" in summary, summary
     d = detail(tmp_path)
@@ -77,8 +95,9 @@ def test_server_performance_run_is_valid_and_streams_the_first_token(tiny_llama,
 
 
 def test_accuracy_run_logs_exactly_the_engine_tokens(tiny_llama, prompts, tmp_path):
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.AccuracyOnly,
-                           min_query_count=NUM_SAMPLES)
+    assert not run_loadgen(
+        tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.AccuracyOnly, min_query_count=NUM_SAMPLES
+    )
     logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
     expected = LLM(tiny_llama[0], num_kv_blocks=512).generate(prompts, PARAMS)
     assert sorted(logged) == list(range(NUM_SAMPLES))
@@ -90,8 +109,15 @@ def test_accuracy_run_logs_exactly_the_engine_tokens(tiny_llama, prompts, tmp_pa
 def test_a_bad_sample_is_reported_and_the_run_ends(tiny_llama, prompts, tmp_path, scenario):
     bad = list(prompts)
     bad[5] = [3, 10**6]  # a token id outside the vocabulary
-    errors = run_loadgen(tiny_llama, bad, tmp_path, scenario, lg.TestMode.AccuracyOnly, min_query_count=NUM_SAMPLES,
-                         server_target_qps=100)
+    errors = run_loadgen(
+        tiny_llama,
+        bad,
+        tmp_path,
+        scenario,
+        lg.TestMode.AccuracyOnly,
+        min_query_count=NUM_SAMPLES,
+        server_target_qps=100,
+    )
     assert len(errors) == 1 and errors[0].startswith("sample 5: prompt token id 1000000 at position 1")
     logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
     assert sorted(logged) == list(range(NUM_SAMPLES)) and logged[5] == []
@@ -109,8 +135,15 @@ def test_an_engine_failure_fails_its_requests_and_the_run_ends(tiny_llama, promp
         return execute(step)
 
     engine.runner.execute = flaky
-    errors = run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Offline, lg.TestMode.AccuracyOnly,
-                         engine=engine, min_query_count=NUM_SAMPLES)
+    errors = run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        lg.TestScenario.Offline,
+        lg.TestMode.AccuracyOnly,
+        engine=engine,
+        min_query_count=NUM_SAMPLES,
+    )
     logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
     assert sorted(logged) == list(range(NUM_SAMPLES)), "every sample was answered"
     # Offline puts every sample in flight at once, so all of them fail, each answered once.
@@ -126,9 +159,17 @@ def test_an_engine_failure_fails_its_requests_and_the_run_ends(tiny_llama, promp
 
 
 def test_single_stream_run_is_valid_and_streams_the_first_token(tiny_llama, prompts, tmp_path):
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.SingleStream, lg.TestMode.PerformanceOnly,
-                           min_duration_ms=500, min_query_count=256, single_stream_expected_latency_ns=10_000_000,
-                           accuracy_log_probability=1.0)
+    assert not run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        lg.TestScenario.SingleStream,
+        lg.TestMode.PerformanceOnly,
+        min_duration_ms=500,
+        min_query_count=256,
+        single_stream_expected_latency_ns=10_000_000,
+        accuracy_log_probability=1.0,
+    )
     summary = (tmp_path / "mlperf_log_summary.txt").read_text()
     assert "Result is : VALID" in summary, summary
     entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
@@ -138,8 +179,7 @@ def test_single_stream_run_is_valid_and_streams_the_first_token(tiny_llama, prom
 
 
 @pytest.mark.parametrize("min_tokens", [1, 0])
-def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tiny_llama, prompts, tmp_path,
-                                                                              min_tokens):
+def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tiny_llama, prompts, tmp_path, min_tokens):
     """A model whose first choice is always EOS. With the reference SUT's min_tokens 1 the answer is
     [token, EOS]: LoadGen logs no error and TEST06 passes. With min_tokens 0 the answer is [EOS]
     alone, and LoadGen (token latencies on) logs an error for it and records a negative TPOT."""
@@ -153,10 +193,21 @@ def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tin
         return logits
 
     engine.runner.execute = eos_first
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
-                           engine=engine, params=SamplingParams(max_tokens=128, min_tokens=min_tokens), server_target_qps=100,
-                           min_duration_ms=0, min_query_count=NUM_SAMPLES, ttft_latency=2_000_000_000,
-                           tpot_latency=500_000_000, accuracy_log_probability=1.0)
+    assert not run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        lg.TestScenario.Server,
+        lg.TestMode.PerformanceOnly,
+        engine=engine,
+        params=SamplingParams(max_tokens=128, min_tokens=min_tokens),
+        server_target_qps=100,
+        min_duration_ms=0,
+        min_query_count=NUM_SAMPLES,
+        ttft_latency=2_000_000_000,
+        tpot_latency=500_000_000,
+        accuracy_log_probability=1.0,
+    )
     values, errors = read_detail_log(tmp_path / "mlperf_log_detail.txt")
     samples = read_accuracy_entries(tmp_path / "mlperf_log_accuracy.json")
     assert len(samples) >= NUM_SAMPLES
@@ -174,9 +225,18 @@ def test_an_answer_that_wants_to_end_at_once_is_two_tokens_with_min_tokens_1(tin
 def test_a_run_too_short_for_early_stopping_is_invalid_and_test06_says_it_is_that_alone(tiny_llama, prompts, tmp_path):
     """TEST06's audit.config asks for 100 queries; LoadGen's early stopping at p99 needs ~460, so
     every Server TEST06 run is INVALID by it alone, which the harness's verdict line says."""
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, lg.TestScenario.Server, lg.TestMode.PerformanceOnly,
-                           server_target_qps=100, min_duration_ms=0, min_query_count=NUM_SAMPLES,
-                           ttft_latency=2_000_000_000, tpot_latency=500_000_000)
+    assert not run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        lg.TestScenario.Server,
+        lg.TestMode.PerformanceOnly,
+        server_target_qps=100,
+        min_duration_ms=0,
+        min_query_count=NUM_SAMPLES,
+        ttft_latency=2_000_000_000,
+        tpot_latency=500_000_000,
+    )
     values, _ = read_detail_log(tmp_path / "mlperf_log_detail.txt")
     assert values["result_validity"] == "INVALID" and values["early_stopping_met"] is False
     assert validity(values, "performance") == "INVALID"

@@ -52,12 +52,19 @@ def test_tiny_draft_holds_the_first_layers_and_a_config_that_says_so(tiny_llama,
     assert set(draft) == kept and {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"} < kept
     assert all(draft[n].dtype == source[n].dtype and torch.equal(draft[n], source[n]) for n in kept)
     config, original = (json.loads((f / "config.json").read_text()) for f in (tiny_draft, target))
-    assert config.pop(DRAFT_KEY) == {"target": str(target), "layers": TINY_LAYERS,
-                                     "target_layers": TINY_CONFIG["num_hidden_layers"]}
+    assert config.pop(DRAFT_KEY) == {
+        "target": str(target),
+        "layers": TINY_LAYERS,
+        "target_layers": TINY_CONFIG["num_hidden_layers"],
+    }
     assert config == {**original, "num_hidden_layers": TINY_LAYERS}
     assert ModelConfig.from_folder(tiny_draft).num_layers == TINY_LAYERS
-    assert sorted(p.name for p in tiny_draft.iterdir()) == ["SHA256SUMS", "config.json", "generation_config.json",
-                                                         "model.safetensors"]
+    assert sorted(p.name for p in tiny_draft.iterdir()) == [
+        "SHA256SUMS",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
     assert not list(tiny_draft.parent.glob(".draft.*"))  # the folder it was written in is gone
 
 
@@ -88,9 +95,17 @@ def test_sharded_bf16_target_and_a_previous_draft_replaced(tmp_path):
     draft = tensors(out / "model.safetensors")
     assert {t.dtype for t in draft.values()} == {torch.bfloat16} and "model.layers.1.mlp.up_proj.weight" in draft
     assert not any(n.startswith("model.layers.2.") for n in draft) and "lm_head.weight" not in draft
-    assert sorted(p.name for p in out.iterdir()) == ["SHA256SUMS", "config.json", "generation_config.json",
-                                                  "model.safetensors"]
-    assert LLM(out, device="cpu", num_kv_blocks=16, dtype="float32").generate([5, 6, 7], SamplingParams(max_tokens=4))[0].token_ids
+    assert sorted(p.name for p in out.iterdir()) == [
+        "SHA256SUMS",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+    ]
+    assert (
+        LLM(out, device="cpu", num_kv_blocks=16, dtype="float32")
+        .generate([5, 6, 7], SamplingParams(max_tokens=4))[0]
+        .token_ids
+    )
     make_draft(tmp_path / "target", 1, out)  # over a previous draft: replaced
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
     assert not any(n.startswith("model.layers.1.") for n in tensors(out / "model.safetensors"))
@@ -126,8 +141,11 @@ def test_smollm2_draft_keeps_its_layers_blocks_and_tokenizer(smollm2_dir, smollm
         assert (smollm2_draft / name).read_bytes() == (smollm2_dir / name).read_bytes(), name
     assert not (smollm2_draft / ".converted").exists()
     sums = read_sums(smollm2_draft)  # the draft's own files, which the engine checks before loading it
-    assert set(sums) == {p.relative_to(smollm2_draft).as_posix() for p in smollm2_draft.rglob("*")
-                         if p.is_file() and p.name != "SHA256SUMS"}
+    assert set(sums) == {
+        p.relative_to(smollm2_draft).as_posix()
+        for p in smollm2_draft.rglob("*")
+        if p.is_file() and p.name != "SHA256SUMS"
+    }
     assert verify_folder(smollm2_draft) == sum((smollm2_draft / name).stat().st_size for name in sums)
 
 

@@ -12,26 +12,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness import openorca
 from accuracy.dataset import DatasetError, load_cnn_eval
+from harness import openorca
 from tests.test_kernels_name import REPO
 
 
 def official_frame() -> pd.DataFrame:
     """Two rows with the columns processorca.py writes."""
     prompts = ["<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nName a colour. [/INST]", "<s>[INST] Count to two. [/INST]"]
-    return pd.DataFrame({
-        "id": ["flan.1", "cot.7"],
-        "system_prompt": ["Be brief.", ""],
-        "question": ["Name a colour.", "Count to two."],
-        "output": ["Blue is a colour.", "One, two."],
-        "input": prompts,
-        "tok_input": [[1, 518, 25580, 29871], np.array([1, 518, 3917, 29871], dtype=np.int64)],
-        "tok_output": [[10, 11, 12], [13, 14]],
-        "tok_input_length": [4, 4],
-        "tok_output_length": [3, 2],
-        "origin": ["flan", "cot"],
-    })
+    return pd.DataFrame(
+        {
+            "id": ["flan.1", "cot.7"],
+            "system_prompt": ["Be brief.", ""],
+            "question": ["Name a colour.", "Count to two."],
+            "output": ["Blue is a colour.", "One, two."],
+            "input": prompts,
+            "tok_input": [[1, 518, 25580, 29871], np.array([1, 518, 3917, 29871], dtype=np.int64)],
+            "tok_output": [[10, 11, 12], [13, 14]],
+            "tok_input_length": [4, 4],
+            "tok_output_length": [3, 2],
+            "origin": ["flan", "cot"],
+        }
+    )
 
 
 @pytest.fixture
@@ -56,8 +58,11 @@ def test_converted_samples_load_with_the_json_loader(tmp_path, name):
 
 def test_unknown_hash_is_refused_without_the_opt_in(official_pickle, tmp_path):
     out = tmp_path / "out.json"
-    with pytest.raises(DatasetError, match=f"{official_pickle}: SHA-256 [0-9a-f]{{64}}: no official SHA-256 "
-                                           "is published.*convert it with --trust-pickle"):
+    with pytest.raises(
+        DatasetError,
+        match=f"{official_pickle}: SHA-256 [0-9a-f]{{64}}: no official SHA-256 "
+        "is published.*convert it with --trust-pickle",
+    ):
         openorca.convert(official_pickle, out)
     assert not out.exists()
 
@@ -150,11 +155,25 @@ def test_llama2_accuracy_result_is_what_evaluate_accuracy_prints(tmp_path):
 
     log = tmp_path / "mlperf_log_accuracy.json"
     entries = [(1, [3, 4, 5]), (0, [1, 2]), (1, [9])]  # qsl_idx 1 twice: the first one counts
-    log.write_text(json.dumps([{"seq_id": n, "qsl_idx": q, "data": np.array(ids, np.int32).tobytes().hex()}
-                               for n, (q, ids) in enumerate(entries)]))
+    log.write_text(
+        json.dumps(
+            [
+                {"seq_id": n, "qsl_idx": q, "data": np.array(ids, np.int32).tobytes().hex()}
+                for n, (q, ids) in enumerate(entries)
+            ]
+        )
+    )
     result = evaluate_summarization(log, ["w1 w2", "w3 w4 w6"], WordTokenizer(), tmp_path / "accuracy.txt")
-    assert list(result) == ["rouge1", "rouge2", "rougeL", "rougeLsum", "gen_len", "gen_num", "gen_tok_len",
-                            "tokens_per_sample"]
+    assert list(result) == [
+        "rouge1",
+        "rouge2",
+        "rougeL",
+        "rougeLsum",
+        "gen_len",
+        "gen_num",
+        "gen_tok_len",
+        "tokens_per_sample",
+    ]
     assert (result["rouge1"], result["gen_len"], result["gen_num"], result["gen_tok_len"]) == (83.3333, 13, 2, 5)
     assert result["tokens_per_sample"] == 2.5
     assert "'tokens_per_sample': 2.5}" in (tmp_path / "accuracy.txt").read_text()

@@ -22,7 +22,7 @@ from kernels import checks
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-LARGEST_BELOW_1 = 1 - 2.0 ** -24
+LARGEST_BELOW_1 = 1 - 2.0**-24
 
 
 def both(args: dict, **launch) -> torch.Tensor:
@@ -42,6 +42,7 @@ def batch_shape(seed: int, num_seqs: int = 16) -> tuple[list[int], list[bool]]:
 
 # 1. Kernel == reference on random batches
 
+
 @pytest.mark.parametrize("with_draft_probs", [True, False], ids=["draft_probs", "ngram"])
 def test_kernel_equals_reference_on_random_batches(with_draft_probs):
     """Greedy and sampled sequences mixed, k_i in {0, 1, 3, 4}, vocabulary 50: three and a bit
@@ -49,8 +50,9 @@ def test_kernel_equals_reference_on_random_batches(with_draft_probs):
     emitted = []
     for seed in range(2):
         num_drafts, greedy = batch_shape(seed)
-        args = checks.random_rejection_batch(num_drafts, greedy, 50, with_draft_probs, DEVICE,
-                                             torch.Generator().manual_seed(seed))
+        args = checks.random_rejection_batch(
+            num_drafts, greedy, 50, with_draft_probs, DEVICE, torch.Generator().manual_seed(seed)
+        )
         before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
         for block_v in (16, 1024):
             out = both(args, block_v=block_v)
@@ -66,8 +68,9 @@ def test_kernel_equals_reference_on_random_batches(with_draft_probs):
 def test_kernel_equals_reference_on_plain_softmax_probs():
     num_drafts, greedy = batch_shape(2)
     for with_draft_probs in (True, False):
-        got, want = checks.check_rejection_sample(num_drafts, greedy, 50, with_draft_probs, DEVICE, seed=2,
-                                                  exact_sums=False, block_v=16)
+        got, want = checks.check_rejection_sample(
+            num_drafts, greedy, 50, with_draft_probs, DEVICE, seed=2, exact_sums=False, block_v=16
+        )
         assert torch.equal(got, want)
 
 
@@ -76,25 +79,39 @@ def test_rejection_where_p_equals_q_draws_from_p():
     largest uniform takes the last token with weight, never token 3 (no weight)."""
     p = torch.tensor([0.25, 0.5, 0.25, 0.0])
     uniforms = [0.0, 0.6, LARGEST_BELOW_1]
-    args = dict(cu_num_draft=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
-                draft_token_ids=torch.tensor([3, 3, 3]), draft_probs=p.repeat(3, 1),
-                target_probs=p.repeat(6, 1), target_argmax=torch.ones(6, dtype=torch.int64),
-                is_greedy=torch.zeros(3, dtype=torch.bool), accept_uniforms=torch.full((3,), 0.5),
-                sample_uniforms=torch.tensor(uniforms), max_num_draft=1)
+    args = dict(
+        cu_num_draft=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+        draft_token_ids=torch.tensor([3, 3, 3]),
+        draft_probs=p.repeat(3, 1),
+        target_probs=p.repeat(6, 1),
+        target_argmax=torch.ones(6, dtype=torch.int64),
+        is_greedy=torch.zeros(3, dtype=torch.bool),
+        accept_uniforms=torch.full((3,), 0.5),
+        sample_uniforms=torch.tensor(uniforms),
+        max_num_draft=1,
+    )
     args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     assert both(args).tolist() == [[0, -1], [1, -1], [2, -1]]
 
 
 # 2. Greedy semantics
 
+
 def test_greedy_by_hand():
     """No probabilities at all (every sequence greedy): the argmax decides."""
     drafts = [[1, 2, 3], [1, 2, 3], [], [4, 4]]
     argmax = [[1, 2, 3, 4], [1, 0, 3, 4], [2], [3, 4, 0]]  # k_i + 1 rows each
-    args = dict(cu_num_draft=torch.tensor([0, *itertools.accumulate(map(len, drafts))], dtype=torch.int32),
-                draft_token_ids=torch.tensor(sum(drafts, [])), draft_probs=None, target_probs=None,
-                target_argmax=torch.tensor(sum(argmax, [])), is_greedy=torch.ones(4, dtype=torch.bool),
-                accept_uniforms=torch.zeros(7), sample_uniforms=torch.zeros(4), max_num_draft=3)
+    args = dict(
+        cu_num_draft=torch.tensor([0, *itertools.accumulate(map(len, drafts))], dtype=torch.int32),
+        draft_token_ids=torch.tensor(sum(drafts, [])),
+        draft_probs=None,
+        target_probs=None,
+        target_argmax=torch.tensor(sum(argmax, [])),
+        is_greedy=torch.ones(4, dtype=torch.bool),
+        accept_uniforms=torch.zeros(7),
+        sample_uniforms=torch.zeros(4),
+        max_num_draft=3,
+    )
     args = {k: v.to(DEVICE) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     assert both(args).tolist() == [
         [1, 2, 3, 4],  # all accepted: the bonus row's argmax follows
@@ -123,13 +140,26 @@ def test_greedy_by_hand():
 
 V = 8
 # Rows of 64ths: exact in fp32, zeros where the target or the draft model masks a token.
-P = torch.tensor([[12, 4, 10, 6, 16, 0, 8, 8], [4, 14, 6, 10, 0, 12, 8, 10], [8, 8, 20, 4, 6, 10, 0, 8],
-                  [6, 10, 8, 12, 8, 4, 10, 6]]) / 64
+P = (
+    torch.tensor(
+        [
+            [12, 4, 10, 6, 16, 0, 8, 8],
+            [4, 14, 6, 10, 0, 12, 8, 10],
+            [8, 8, 20, 4, 6, 10, 0, 8],
+            [6, 10, 8, 12, 8, 4, 10, 6],
+        ]
+    )
+    / 64
+)
 Q = torch.tensor([[4, 12, 6, 14, 8, 8, 0, 12], [10, 6, 6, 10, 8, 8, 12, 4], [8, 4, 12, 8, 14, 10, 4, 4]]) / 64
 # n-gram drafts (q one-hot at them) and targets that like them, as n-gram hits have it
 NGRAM_DRAFTS = torch.tensor([4, 1, 2])
-P_NGRAM = torch.tensor([[4, 6, 2, 8, 32, 0, 6, 6], [2, 36, 6, 4, 0, 8, 4, 4], [6, 4, 28, 6, 6, 8, 0, 6],
-                        [6, 10, 8, 12, 8, 4, 10, 6]]) / 64
+P_NGRAM = (
+    torch.tensor(
+        [[4, 6, 2, 8, 32, 0, 6, 6], [2, 36, 6, 4, 0, 8, 4, 4], [6, 4, 28, 6, 6, 8, 0, 6], [6, 10, 8, 12, 8, 4, 10, 6]]
+    )
+    / 64
+)
 REFERENCE_TRIALS, KERNEL_TRIALS = 4000, 500
 THRESHOLD = 1e-6
 
@@ -143,10 +173,16 @@ def trials(num: int, ngram: bool, seed: int) -> dict:
         drafts = NGRAM_DRAFTS.repeat(num)
     else:
         drafts = torch.stack([torch.multinomial(Q[j], num, replacement=True, generator=g) for j in range(k)], 1)
-    args = dict(cu_num_draft=torch.arange(0, k * num + 1, k, dtype=torch.int32), draft_token_ids=drafts.flatten(),
-                draft_probs=None if ngram else Q.repeat(num, 1), target_probs=p.repeat(num, 1),
-                target_argmax=p.argmax(-1).repeat(num), is_greedy=torch.zeros(num, dtype=torch.bool),
-                accept_uniforms=torch.rand(k * num, generator=g), sample_uniforms=torch.rand(num, generator=g))
+    args = dict(
+        cu_num_draft=torch.arange(0, k * num + 1, k, dtype=torch.int32),
+        draft_token_ids=drafts.flatten(),
+        draft_probs=None if ngram else Q.repeat(num, 1),
+        target_probs=p.repeat(num, 1),
+        target_argmax=p.argmax(-1).repeat(num),
+        is_greedy=torch.zeros(num, dtype=torch.bool),
+        accept_uniforms=torch.rand(k * num, generator=g),
+        sample_uniforms=torch.rand(num, generator=g),
+    )
     return {key: v.to(DEVICE) if v is not None else None for key, v in args.items()} | dict(max_num_draft=k)
 
 
@@ -200,10 +236,16 @@ def accept_inverted_ratio(u, p_x, q_x):
     return bool(u * p_x < q_x)
 
 
-@pytest.mark.parametrize("wrong", [
-    ("_recovery_weights", recover_from_p, False), ("_recovery_weights", recover_from_p, True),
-    ("_accepts", accept_every_draft, False), ("_accepts", accept_inverted_ratio, False),
-], ids=["recover_from_p", "ngram_recover_from_p", "accept_every_draft", "accept_inverted_ratio"])
+@pytest.mark.parametrize(
+    "wrong",
+    [
+        ("_recovery_weights", recover_from_p, False),
+        ("_recovery_weights", recover_from_p, True),
+        ("_accepts", accept_every_draft, False),
+        ("_accepts", accept_inverted_ratio, False),
+    ],
+    ids=["recover_from_p", "ngram_recover_from_p", "accept_every_draft", "accept_inverted_ratio"],
+)
 def test_statistical_check_catches_wrong_rules(monkeypatch, wrong):
     """The same check, on the reference with one rule replaced by a plausible mistake, fails."""
     name, rule, ngram = wrong
@@ -213,15 +255,23 @@ def test_statistical_check_catches_wrong_rules(monkeypatch, wrong):
 
 # 5. Reproducibility: a sequence's tokens depend on its own inputs only
 
+
 def split_sequences(args: dict) -> list[dict]:
     cu = args["cu_num_draft"].tolist()
     seqs = []
     for i in range(len(cu) - 1):
         drafts, rows = slice(cu[i], cu[i + 1]), slice(cu[i] + i, cu[i + 1] + i + 1)
-        seqs.append(dict(draft_token_ids=args["draft_token_ids"][drafts], draft_probs=args["draft_probs"][drafts],
-                         target_probs=args["target_probs"][rows], target_argmax=args["target_argmax"][rows],
-                         is_greedy=args["is_greedy"][i:i + 1], accept_uniforms=args["accept_uniforms"][drafts],
-                         sample_uniforms=args["sample_uniforms"][i:i + 1]))
+        seqs.append(
+            dict(
+                draft_token_ids=args["draft_token_ids"][drafts],
+                draft_probs=args["draft_probs"][drafts],
+                target_probs=args["target_probs"][rows],
+                target_argmax=args["target_argmax"][rows],
+                is_greedy=args["is_greedy"][i : i + 1],
+                accept_uniforms=args["accept_uniforms"][drafts],
+                sample_uniforms=args["sample_uniforms"][i : i + 1],
+            )
+        )
     return seqs
 
 
@@ -237,8 +287,9 @@ def test_a_sequence_gets_the_same_tokens_in_any_batch():
     args = checks.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE, torch.Generator().manual_seed(3))
     out = both(args, block_v=16)
     assert torch.equal(rejection_sample_triton(**args, block_v=16).cpu(), out)  # same uniforms, same tokens
-    others = split_sequences(checks.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE,
-                                                           torch.Generator().manual_seed(4)))
+    others = split_sequences(
+        checks.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE, torch.Generator().manual_seed(4))
+    )
     seqs = split_sequences(args)
     order = [5, 0, 7, 2]
     # Other company around them, other positions, and a wider output (max_num_draft is a runtime
@@ -251,8 +302,15 @@ def test_a_sequence_gets_the_same_tokens_in_any_batch():
 
 
 def test_empty_batch():
-    args = dict(cu_num_draft=torch.zeros(1, dtype=torch.int32), draft_token_ids=torch.zeros(0, dtype=torch.int64),
-                draft_probs=None, target_probs=None, target_argmax=torch.zeros(0, dtype=torch.int64),
-                is_greedy=torch.zeros(0, dtype=torch.bool), accept_uniforms=torch.zeros(0),
-                sample_uniforms=torch.zeros(0), max_num_draft=2)
+    args = dict(
+        cu_num_draft=torch.zeros(1, dtype=torch.int32),
+        draft_token_ids=torch.zeros(0, dtype=torch.int64),
+        draft_probs=None,
+        target_probs=None,
+        target_argmax=torch.zeros(0, dtype=torch.int64),
+        is_greedy=torch.zeros(0, dtype=torch.bool),
+        accept_uniforms=torch.zeros(0),
+        sample_uniforms=torch.zeros(0),
+        max_num_draft=2,
+    )
     assert both(args).shape == (0, 3)

@@ -11,7 +11,7 @@ import mlperf_loadgen as lg
 import pytest
 
 from accuracy.accuracy_log import read_accuracy_log
-from sut import LLM, WorkerError, ReplicaPool, SamplingParams, make_engine
+from sut import LLM, ReplicaPool, SamplingParams, WorkerError, make_engine
 from sut.errors import ConfigError
 from tests.conftest import random_prompts
 from tests.test_loadgen_sut import NUM_SAMPLES, PARAMS, run_loadgen
@@ -49,8 +49,16 @@ def test_replicas_get_disjoint_cores_and_threads(pool):
 @pytest.mark.parametrize("scenario", [lg.TestScenario.Offline, lg.TestScenario.Server])
 def test_loadgen_answers_every_sample_once_with_one_engines_tokens(tiny_llama, pool, tmp_path, scenario):
     prompts = random_prompts([5 + (i * 7) % 40 for i in range(NUM_SAMPLES)], seed=21)
-    assert not run_loadgen(tiny_llama, prompts, tmp_path, scenario, lg.TestMode.AccuracyOnly, engine=pool,
-                           min_query_count=NUM_SAMPLES, server_target_qps=50)
+    assert not run_loadgen(
+        tiny_llama,
+        prompts,
+        tmp_path,
+        scenario,
+        lg.TestMode.AccuracyOnly,
+        engine=pool,
+        min_query_count=NUM_SAMPLES,
+        server_target_qps=50,
+    )
     entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
     assert sorted(e["qsl_idx"] for e in entries) == list(range(NUM_SAMPLES)), "a sample lost or answered twice"
     logged = read_accuracy_log(tmp_path / "mlperf_log_accuracy.json")
@@ -63,8 +71,10 @@ def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_
     try:
         prompts = random_prompts([20] * 16, seed=3)
         # Two short requests (one a replica, least work first), the rest long enough to be in flight.
-        ids = [pool.add_request(p, SamplingParams(max_tokens=4 if i < 2 else 230, ignore_eos=True))
-               for i, p in enumerate(prompts)]
+        ids = [
+            pool.add_request(p, SamplingParams(max_tokens=4 if i < 2 else 230, ignore_eos=True))
+            for i, p in enumerate(prompts)
+        ]
         answered = []
         while len(answered) < 2:  # both replicas at work
             answered += pool.step()
@@ -92,7 +102,7 @@ def test_a_replica_that_cannot_load_is_named(tiny_llama, tmp_path):
     broken.mkdir()
     for f in tiny_llama[0].iterdir():
         data = f.read_bytes()
-        (broken / f.name).write_bytes(data[:len(data) // 2] if f.suffix == ".safetensors" else data)
+        (broken / f.name).write_bytes(data[: len(data) // 2] if f.suffix == ".safetensors" else data)
     with pytest.raises(WorkerError, match=r"data-parallel replica \d .* could not start: CheckpointError"):
         ReplicaPool(broken, 2, **SETTINGS)
 

@@ -24,11 +24,11 @@ from tests.conftest import tiny_model_and_dataset
 
 # (TTFT ms, end-to-end ms, tokens) per query, against targets of 2000 ms and 100 ms.
 HAND_QUERIES = [
-    (100, 1100, 11),   # TPOT exactly 100: meets it
-    (2500, 3000, 3),   # TTFT over
-    (500, 2000, 11),   # TPOT 150: over
-    (2000, 2200, 5),   # TTFT exactly 2000, TPOT 50: meets both
-    (300, 300, 1),     # one token: no TPOT, meets it
+    (100, 1100, 11),  # TPOT exactly 100: meets it
+    (2500, 3000, 3),  # TTFT over
+    (500, 2000, 11),  # TPOT 150: over
+    (2000, 2200, 5),  # TTFT exactly 2000, TPOT 50: meets both
+    (300, 300, 1),  # one token: no TPOT, meets it
 ]
 HAND_PROMPTS = [[7] * n for n in (10, 20, 30, 40, 50)]
 
@@ -42,22 +42,43 @@ def write_hand_run(folder, queries=HAND_QUERIES, busy=(1.0, 3.0), edit=None):
     `edit(folder)`."""
     writer = RunFolder(folder)
     writer.open({"scenario": "Server"})
-    detail = [mllog("effective_scenario", "Server"), mllog("result_query_count", len(queries)),
-              mllog("result_completed_samples_per_sec", 0.5), mllog("result_completed_tokens_per_second", 3.1)]
+    detail = [
+        mllog("effective_scenario", "Server"),
+        mllog("result_query_count", len(queries)),
+        mllog("result_completed_samples_per_sec", 0.5),
+        mllog("result_completed_tokens_per_second", 3.1),
+    ]
     for p in ("50.00", "99.00"):
-        detail += [mllog(f"result_first_token_{p}_percentile_latency_ns", 1), mllog(f"result_time_per_output_token_{p}_percentile_ns", 1)]
+        detail += [
+            mllog(f"result_first_token_{p}_percentile_latency_ns", 1),
+            mllog(f"result_time_per_output_token_{p}_percentile_ns", 1),
+        ]
     (folder / "mlperf_log_detail.txt").write_text("\n".join(detail) + "\n")
-    trace = ['{"traceEvents":[', '{"name":"LogDetail","ph":"X","pid":1,"tid":2,"ts":1.0,"dur":1.0,"args":{"key":""x""}},']
+    trace = [
+        '{"traceEvents":[',
+        '{"name":"LogDetail","ph":"X","pid":1,"tid":2,"ts":1.0,"dur":1.0,"args":{"key":""x""}},',
+    ]
     accuracy = []
     for seq, (ttft, e2e, tokens) in enumerate(queries):
         ts = f"{1000.5 + 2e6 * seq:.3f}"
         # Times from the scheduled one, as LoadGen logs them: issued 5 ns late.
-        trace.append(f'{{"name":"Token_Latency","ph": "C","pid":1,"ts":{ts},"args":{{ "issue_delay":5,'
-                     f'"issue_to_done":{ttft * 10**6 - 5}}}}},')
-        trace.append(f'{{"name":"Sample","cat":"default","ph":"b","pid":1,"id":{seq},"ts":{ts},"args":{{"sample_seq":{seq},'
-                     f'"query_seq":{seq},"sample_idx":{seq},"issue_start_ns":5,"complete_ns":{e2e * 10**6}}}}},')
-        accuracy.append({"seq_id": seq, "qsl_idx": seq, "data": "03000000" * tokens, "token_data": "03000000",
-                         "token_count": tokens})
+        trace.append(
+            f'{{"name":"Token_Latency","ph": "C","pid":1,"ts":{ts},"args":{{ "issue_delay":5,'
+            f'"issue_to_done":{ttft * 10**6 - 5}}}}},'
+        )
+        trace.append(
+            f'{{"name":"Sample","cat":"default","ph":"b","pid":1,"id":{seq},"ts":{ts},"args":{{"sample_seq":{seq},'
+            f'"query_seq":{seq},"sample_idx":{seq},"issue_start_ns":5,"complete_ns":{e2e * 10**6}}}}},'
+        )
+        accuracy.append(
+            {
+                "seq_id": seq,
+                "qsl_idx": seq,
+                "data": "03000000" * tokens,
+                "token_data": "03000000",
+                "token_count": tokens,
+            }
+        )
     (folder / "mlperf_log_trace.json").write_text("\n".join(trace) + "\n")
     (folder / "mlperf_log_accuracy.json").write_text(json.dumps(accuracy))
     (folder / "run.json").write_text(json.dumps({"busy_s": {"prefill_s": busy[0], "decode_s": busy[1]}}))
@@ -70,7 +91,8 @@ def write_hand_run(folder, queries=HAND_QUERIES, busy=(1.0, 3.0), edit=None):
 def test_goodput_counts_exactly_the_queries_under_both_targets(tmp_path):
     run = read_run(write_hand_run(tmp_path / "run"))
     assert [(q.ttft_ns, q.latency_ns, q.num_tokens) for q in run.queries] == [
-        (t * 10**6, e * 10**6, n) for t, e, n in HAND_QUERIES]
+        (t * 10**6, e * 10**6, n) for t, e, n in HAND_QUERIES
+    ]
     assert run.duration_s == 10.0  # 5 queries at 0.5 per second
     assert goodput(run, 2000, 100) == (3, 0.3)
     assert goodput(run, 2000, 99.9) == (2, 0.2)  # the first query's TPOT of 100 ms is now over
@@ -94,8 +116,12 @@ def test_cost_per_million_tokens_follows_the_stated_formula(tmp_path):
 def test_a_trace_missing_a_first_token_is_refused_by_name(tmp_path):
     def drop_a_first_token(folder):
         trace = folder / "mlperf_log_trace.json"
-        trace.write_text("\n".join(line for line in trace.read_text().splitlines() if '"ts":1000.500,' not in line
-                                   or "Sample" in line) + "\n")
+        trace.write_text(
+            "\n".join(
+                line for line in trace.read_text().splitlines() if '"ts":1000.500,' not in line or "Sample" in line
+            )
+            + "\n"
+        )
 
     folder = write_hand_run(tmp_path / "run", edit=drop_a_first_token)
     with pytest.raises(RunLogError, match="1 queries have no first-token event"):
@@ -112,8 +138,10 @@ def test_a_run_that_did_not_complete_is_refused_by_name(tmp_path, state):
     else:
         status.update({"killed": {"status": "running"}, "failed": {"status": "failed", "reason": "boom"}}[state])
         (folder / STATUS_FILE).write_text(json.dumps(status))
-        expected = {"killed": "holds no complete run: its run .* never finished: it was killed or crashed",
-                    "failed": "holds no complete run: its run failed: boom"}[state]
+        expected = {
+            "killed": "holds no complete run: its run .* never finished: it was killed or crashed",
+            "failed": "holds no complete run: its run failed: boom",
+        }[state]
     with pytest.raises(RunLogError, match=expected):
         read_run(folder)
 
@@ -129,16 +157,32 @@ PRICE = 1.5
 def report_run(tiny_llama, tmp_path_factory):
     root = tmp_path_factory.mktemp("report-repo")
     model_dir, prompts, _, dataset = tiny_model_and_dataset(tiny_llama[0], root, 16, seed=11)
-    system = {"division": "open", "saaf_harness": {
-        "model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)}, "engine": {"num_kv_blocks": 1024},
-        "scenarios": ["Server"], "demo": True,
-        "report": {"samples": SAMPLES, "target_qps": 20, "sweep": [0.5, 1, 2],
-                   "proposers": [{"method": "ngram", "num_speculative_tokens": 2}], "price_per_hour": PRICE}}}
+    system = {
+        "division": "open",
+        "saaf_harness": {
+            "model": str(model_dir),
+            "datasets": {"llama3.1-8b": str(dataset)},
+            "engine": {"num_kv_blocks": 1024},
+            "scenarios": ["Server"],
+            "demo": True,
+            "report": {
+                "samples": SAMPLES,
+                "target_qps": 20,
+                "sweep": [0.5, 1, 2],
+                "proposers": [{"method": "ngram", "num_speculative_tokens": 2}],
+                "price_per_hour": PRICE,
+            },
+        },
+    }
     (root / "systems").mkdir()
     (root / "systems" / "tiny.json").write_text(json.dumps(system))
     out = root / "report"
-    done = subprocess.run([sys.executable, "-m", "harness.report", "--system", "tiny", "--root", str(root),
-                           "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.report", "--system", "tiny", "--root", str(root), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return root, out, prompts, done.stdout
 
@@ -187,7 +231,9 @@ def independent_queries(folder):
     out = []
     for ts, args in samples.items():
         entry = responses[args["sample_seq"]]
-        ids = [int.from_bytes(bytes.fromhex(entry["data"][i:i + 8]), "little") for i in range(0, len(entry["data"]), 8)]
+        ids = [
+            int.from_bytes(bytes.fromhex(entry["data"][i : i + 8]), "little") for i in range(0, len(entry["data"]), 8)
+        ]
         out.append((first[ts], args["complete_ns"], entry["token_count"], args["sample_idx"], ids))
     return out
 
@@ -196,7 +242,7 @@ def detail(folder):
     values = {}
     for line in (folder / "mlperf_log_detail.txt").read_text().splitlines():
         if line.startswith(MLLOG_MARKER):
-            entry = json.loads(line[len(MLLOG_MARKER):])
+            entry = json.loads(line[len(MLLOG_MARKER) :])
             values.setdefault(entry["key"], entry["value"])
     return values
 
@@ -227,17 +273,23 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
         for p, key in ((0.5, "50.00"), (0.99, "99.00")):
             assert loadgen_percentile(ttft, p) == d[f"result_first_token_{key}_percentile_latency_ns"]
             assert loadgen_percentile(e2e, p) == d[f"result_{key}_percentile_latency_ns"]
-            assert loadgen_percentile(tpot, p) == pytest.approx(d[f"result_time_per_output_token_{key}_percentile_ns"],
-                                                                rel=1e-6, abs=1)
+            assert loadgen_percentile(tpot, p) == pytest.approx(
+                d[f"result_time_per_output_token_{key}_percentile_ns"], rel=1e-6, abs=1
+            )
         ms = lambda key: d[key] / 1e6  # noqa: E731
-        assert row[3] == f"{ms('result_first_token_50.00_percentile_latency_ns'):.0f} / " \
-                         f"{ms('result_first_token_99.00_percentile_latency_ns'):.0f}"
-        assert row[4] == f"{ms('result_time_per_output_token_50.00_percentile_ns'):.1f} / " \
-                         f"{ms('result_time_per_output_token_99.00_percentile_ns'):.1f}"
+        assert (
+            row[3] == f"{ms('result_first_token_50.00_percentile_latency_ns'):.0f} / "
+            f"{ms('result_first_token_99.00_percentile_latency_ns'):.0f}"
+        )
+        assert (
+            row[4] == f"{ms('result_time_per_output_token_50.00_percentile_ns'):.1f} / "
+            f"{ms('result_time_per_output_token_99.00_percentile_ns'):.1f}"
+        )
         assert row[5] == f"{d['result_completed_tokens_per_second']:.1f}"
         duration = d["result_query_count"] / d["result_completed_samples_per_sec"]
-        good = sum(1 for a, b, n, *_ in queries
-                   if a <= TARGETS[0] * 1e6 and (n < 2 or (b - a) / (n - 1) <= TARGETS[1] * 1e6))
+        good = sum(
+            1 for a, b, n, *_ in queries if a <= TARGETS[0] * 1e6 and (n < 2 or (b - a) / (n - 1) <= TARGETS[1] * 1e6)
+        )
         assert row[6] == f"{good / duration:.3f} ({good}/{SAMPLES})"
         busy = json.loads((folder / "run.json").read_text())["busy_s"]
         share = busy["prefill_s"] / (busy["prefill_s"] + busy["decode_s"])
@@ -249,8 +301,11 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
         responses = {q[3]: q[4] for q in queries}
         responses_by_run.append(responses)
         order = sorted(responses)
-        scores = summarization_accuracy(tokenizer.batch_decode([responses[i] for i in order], skip_special_tokens=True),
-                                        [references[i] for i in order], [len(responses[i]) for i in order])
+        scores = summarization_accuracy(
+            tokenizer.batch_decode([responses[i] for i in order], skip_special_tokens=True),
+            [references[i] for i in order],
+            [len(responses[i]) for i in order],
+        )
         assert row[9].split(" ")[0] == f"{scores['rouge1']:.4f}" and row[10].split(" ")[0] == f"{scores['rougeL']:.4f}"
     # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
     assert all(r == responses_by_run[0] for r in responses_by_run)
@@ -282,8 +337,20 @@ def test_headless_chromium_renders_the_page_with_every_image(report_run):
     _, out, _, _ = report_run
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     assert chromium, "headless Chromium is not installed: `make browser` installs Debian's package"
-    done = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=10000",
-                           "--dump-dom", (out / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=10000",
+            "--dump-dom",
+            (out / "report.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     body = re.search(r"<body([^>]*)>", done.stdout).group(1)
     total = int(re.search(r'data-images-total="(\d+)"', body).group(1))

@@ -52,8 +52,9 @@ def test_the_70b_split_fits_the_card_and_uses_all_eight(rig):
 def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
     env = {**os.environ, "SAAF_CACHE": str(tmp_path)}  # where nothing is built yet
     for rig in RIGS:
-        plan = subprocess.run(["make", "-n", "submission", f"SYSTEM={rig}"], cwd=REPO, env=env, capture_output=True,
-                              text=True).stdout
+        plan = subprocess.run(
+            ["make", "-n", "submission", f"SYSTEM={rig}"], cwd=REPO, env=env, capture_output=True, text=True
+        ).stdout
         assert "compliance.submission --system " + rig in plan
         assert "convert_gguf" not in plan and "demo_data" not in plan
     demo = subprocess.run(["make", "-n", "submission"], cwd=REPO, env=env, capture_output=True, text=True).stdout

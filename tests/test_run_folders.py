@@ -47,9 +47,28 @@ def one_error_line(done) -> str:
 
 def start_run(root, scenario, mode, *args):
     """A `harness run` in the background, in its own process group (as a terminal runs a command)."""
-    return subprocess.Popen([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", scenario,
-                             "--mode", mode, "--root", str(root), *map(str, args)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--system",
+            "tiny",
+            "--scenario",
+            scenario,
+            "--mode",
+            mode,
+            "--root",
+            str(root),
+            *map(str, args),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        start_new_session=True,
+    )
 
 
 def wait_for_loadgen(proc, folder, timeout=120):
@@ -71,9 +90,11 @@ def wait_for_loadgen(proc, folder, timeout=120):
 
 def slow_conf(path, qps, queries=NUM_SAMPLES):
     """A Server user.conf whose run takes queries / qps seconds: long enough to act on."""
-    path.write_text(f"llama3_1-8b.Server.target_qps = {qps}\nllama3_1-8b.Server.min_duration = 0\n"
-                    f"llama3_1-8b.Server.min_query_count = {queries}\n"
-                    f"llama3_1-8b.Server.performance_sample_count_override = {NUM_SAMPLES}\n")
+    path.write_text(
+        f"llama3_1-8b.Server.target_qps = {qps}\nllama3_1-8b.Server.min_duration = 0\n"
+        f"llama3_1-8b.Server.min_query_count = {queries}\n"
+        f"llama3_1-8b.Server.performance_sample_count_override = {NUM_SAMPLES}\n"
+    )
     return path
 
 
@@ -93,12 +114,19 @@ def test_a_killed_accuracy_run_is_refused_by_the_packager_and_its_log_by_the_che
     assert not (accuracy / "accuracy.txt").exists()
     assert status(accuracy)["status"] == "running"
     out = tmp_path / "submission"
-    with pytest.raises(PackagingError, match=r"Server/accuracy holds no complete run: its run \(pid \d+, started .*\) "
-                                             r"never finished: it was killed or crashed; run it again"):
+    with pytest.raises(
+        PackagingError,
+        match=r"Server/accuracy holds no complete run: its run \(pid \d+, started .*\) "
+        r"never finished: it was killed or crashed; run it again",
+    ):
         package("tiny", out, root=root)
     assert not out.exists(), "the refusal came after something was written"
-    done = subprocess.run([sys.executable, "-m", "compliance.package", "--system", "tiny", "--root", str(root),
-                           "--out", str(out)], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "compliance.package", "--system", "tiny", "--root", str(root), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode != 0 and "never finished: it was killed or crashed" in one_error_line(done)
     # What the old packager made of it: the earlier score beside the killed run's log. The checker
     # refuses that tree, naming the log.
@@ -108,8 +136,9 @@ def test_a_killed_accuracy_run_is_refused_by_the_packager_and_its_log_by_the_che
     shutil.copy2(accuracy / "mlperf_log_accuracy.json", scenario / "mlperf_log_accuracy.json")
     errors = check_tree(tree, demo=True).errors
     assert any(re.search(r"Server/accuracy/mlperf_log_accuracy.json: \[accuracy-log\]", e) for e in errors), errors
-    done = subprocess.run([sys.executable, "-m", "compliance.check", str(tree), "--demo"], capture_output=True,
-                          text=True, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "compliance.check", str(tree), "--demo"], capture_output=True, text=True, cwd=REPO
+    )
     assert done.returncode == 1 and "[accuracy-log]" in done.stdout
 
 
@@ -122,8 +151,9 @@ def test_a_score_of_another_run_is_refused(root, tmp_path):
     with pytest.raises(PackagingError, match="Server/accuracy/accuracy.txt: changed since its run completed"):
         package("tiny", tmp_path / "submission", root=root)
     reseal(logs / "Server/accuracy")
-    with pytest.raises(PackagingError, match="Server/accuracy/accuracy.txt was not computed from the accuracy log "
-                                             "beside it"):
+    with pytest.raises(
+        PackagingError, match="Server/accuracy/accuracy.txt was not computed from the accuracy log beside it"
+    ):
         package("tiny", tmp_path / "submission", root=root)
 
 
@@ -136,8 +166,18 @@ def test_names_that_are_paths_touch_nothing_outside_the_build_folder(root, tmp_p
     before = {p: p.read_bytes() for p in sentinel.rglob("*") if p.is_file()}
     runs_before = {p: p.read_bytes() for p in (root / "build").rglob(STATUS_FILE)}
     commands = [
-        ("compliance.submission", "--system", "tiny", "--root", root, "--out", tmp_path / "out", "--benchmarks",
-         "llama3.1-8b", "../../../../sentinel"),
+        (
+            "compliance.submission",
+            "--system",
+            "tiny",
+            "--root",
+            root,
+            "--out",
+            tmp_path / "out",
+            "--benchmarks",
+            "llama3.1-8b",
+            "../../../../sentinel",
+        ),
         ("compliance.package", "--system", "../../sentinel/x", "--root", root, "--out", tmp_path / "out"),
         ("harness", "run", "--system", "../../sentinel/x", "--root", root),
         ("harness.calibrate", "--system", "../../sentinel/x", "--root", root),
@@ -147,11 +187,15 @@ def test_names_that_are_paths_touch_nothing_outside_the_build_folder(root, tmp_p
         done = subprocess.run([sys.executable, "-m", *map(str, command)], capture_output=True, text=True, cwd=REPO)
         assert done.returncode != 0, command
         error = one_error_line(done)
-        assert re.search(r"unknown benchmark\(s\) \['\.\./\.\./\.\./\.\./sentinel'\]|system name '\.\./\.\./sentinel/x' "
-                         r"is not a plain name", error), (command, error)
+        assert re.search(
+            r"unknown benchmark\(s\) \['\.\./\.\./\.\./\.\./sentinel'\]|system name '\.\./\.\./sentinel/x' "
+            r"is not a plain name",
+            error,
+        ), (command, error)
     assert {p: p.read_bytes() for p in sentinel.rglob("*") if p.is_file()} == before
-    assert {p: p.read_bytes() for p in (root / "build").rglob(STATUS_FILE)} == runs_before, \
+    assert {p: p.read_bytes() for p in (root / "build").rglob(STATUS_FILE)} == runs_before, (
         "a run started before the names were checked"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -168,9 +212,17 @@ def test_a_system_file_naming_a_path_is_refused(root, field, value):
 
 def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_it(root, tmp_path):
     logs = tmp_path / "logs"
-    first = start_run(root, "Server", "performance", "--log-dir", logs, "--user-conf",
-                      slow_conf(tmp_path / "slow.conf", 10, queries=200), "--engine",
-                      '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}')
+    first = start_run(
+        root,
+        "Server",
+        "performance",
+        "--log-dir",
+        logs,
+        "--user-conf",
+        slow_conf(tmp_path / "slow.conf", 10, queries=200),
+        "--engine",
+        '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}',
+    )
     try:
         wait_for_loadgen(first, logs)
         second = harness_run(root, "Server", "performance", "--log-dir", logs)
@@ -188,7 +240,9 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_i
     third = harness_run(root, "Offline", "performance", "--log-dir", logs)
     assert third.returncode == 0, third.stderr[-2000:]
     assert f"{logs} held an earlier run (complete, from {done['started']}); this run replaces it" in third.stdout
-    assert status(logs)["scenario"] == "Offline" and json.loads((logs / "run.json").read_text())["scenario"] == "Offline"
+    assert (
+        status(logs)["scenario"] == "Offline" and json.loads((logs / "run.json").read_text())["scenario"] == "Offline"
+    )
     assert read_detail_log(logs / "mlperf_log_detail.txt")[0]["effective_scenario"] == "Offline"
     # (a stale one made the packaged system claim speculation for a run that had none)
     assert not (logs / "speculative_decoding.json").exists()
@@ -220,18 +274,39 @@ main()
 
 def test_a_failed_request_fails_the_run_and_the_packager_refuses_it(root, tmp_path):
     performance = root / LOGS / "Offline" / "performance"
-    done = subprocess.run([sys.executable, "-c", FAIL_A_STEP, "run", "--system", "tiny", "--scenario", "Offline",
-                           "--mode", "performance", "--root", str(root), "--no-warmup"], capture_output=True, text=True,
-                          cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            FAIL_A_STEP,
+            "run",
+            "--system",
+            "tiny",
+            "--scenario",
+            "Offline",
+            "--mode",
+            "performance",
+            "--root",
+            str(root),
+            "--no-warmup",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = done.stdout.strip().splitlines()[-1]
-    assert re.match(rf"Offline performance: FAILED \((\d+) of {NUM_SAMPLES} requests failed; LoadGen said VALID\)",
-                    verdict), verdict
+    assert re.match(
+        rf"Offline performance: FAILED \((\d+) of {NUM_SAMPLES} requests failed; LoadGen said VALID\)", verdict
+    ), verdict
     assert "planted failure" in one_error_line(done) and "the run is marked failed" in one_error_line(done)
     assert status(performance)["status"] == "failed"
-    with pytest.raises(PackagingError, match=r"Offline/performance holds no complete run: its run failed: \d+ of 24 "
-                                             r"requests failed \(the first: request \d+: engine step failed: "
-                                             r"RuntimeError\('planted failure'\)\)"):
+    with pytest.raises(
+        PackagingError,
+        match=r"Offline/performance holds no complete run: its run failed: \d+ of 24 "
+        r"requests failed \(the first: request \d+: engine step failed: "
+        r"RuntimeError\('planted failure'\)\)",
+    ):
         package("tiny", tmp_path / "submission", root=root)
 
 
@@ -241,8 +316,17 @@ def _children(pid: int) -> list[int]:
 
 def test_ctrl_c_ends_a_server_run_with_130_and_its_folder_marked_failed(root, tmp_path):
     logs = tmp_path / "logs"
-    proc = start_run(root, "Server", "performance", "--log-dir", logs, "--user-conf",
-                     slow_conf(tmp_path / "slow.conf", 5, queries=500), "--engine", '{"data_parallel_size": 2}')
+    proc = start_run(
+        root,
+        "Server",
+        "performance",
+        "--log-dir",
+        logs,
+        "--user-conf",
+        slow_conf(tmp_path / "slow.conf", 5, queries=500),
+        "--engine",
+        '{"data_parallel_size": 2}',
+    )
     try:
         wait_for_loadgen(proc, logs)
         time.sleep(1.0)
@@ -282,21 +366,29 @@ def test_corrupt_norm_weights_end_the_run_with_an_error(root, tmp_path, corrupti
     if corruption == "changed":
         write_sums(model)
     for layer in range(2):
-        plant(model, f"model.layers.{layer}.input_layernorm.weight", {"nan": float("nan"), "huge": 3e38}.get(
-            corruption, 0.5))
+        plant(
+            model,
+            f"model.layers.{layer}.input_layernorm.weight",
+            {"nan": float("nan"), "huge": 3e38}.get(corruption, 0.5),
+        )
     plant(model, "model.norm.weight", {"nan": float("nan"), "huge": 3e38}.get(corruption, 0.5))
     logs = tmp_path / "logs"
     done = harness_run(root, "Offline", "performance", "--log-dir", logs)
     error = one_error_line(done)
     if corruption == "huge":
         assert done.returncode == 1
-        assert re.match(rf"Offline performance: FAILED \({NUM_SAMPLES} of {NUM_SAMPLES} requests failed; LoadGen said "
-                        r"VALID\)", done.stdout.strip().splitlines()[-1])
+        assert re.match(
+            rf"Offline performance: FAILED \({NUM_SAMPLES} of {NUM_SAMPLES} requests failed; LoadGen said "
+            r"VALID\)",
+            done.stdout.strip().splitlines()[-1],
+        )
         assert NONFINITE_LOGITS in error
     else:
         assert done.returncode != 0 and not (logs / "mlperf_log_detail.txt").exists(), "LoadGen started"
-        assert {"nan": "tensor 'model.layers.0.input_layernorm.weight' holds NaN or inf values",
-                "changed": "model.safetensors: its SHA-256 is"}[corruption] in error
+        assert {
+            "nan": "tensor 'model.layers.0.input_layernorm.weight' holds NaN or inf values",
+            "changed": "model.safetensors: its SHA-256 is",
+        }[corruption] in error
     assert status(logs)["status"] == "failed"
 
 
@@ -327,11 +419,15 @@ def _engine(setting):
     return lambda root, tmp_path: (("--engine", setting), "--engine")
 
 
-EARLY = {"binary dataset": _binary_dataset, "token id outside the vocabulary": _id_outside_vocab,
-         "--log-dir a file": _log_dir_a_file, "no tokenizer, accuracy run": _no_tokenizer,
-         "tpot_target_ms NaN": _engine('{"tpot_target_ms": NaN}'),
-         "prefix caching 'false'": _engine('{"enable_prefix_caching": "false"}'),
-         "max_num_seqs true": _engine('{"max_num_seqs": true}')}
+EARLY = {
+    "binary dataset": _binary_dataset,
+    "token id outside the vocabulary": _id_outside_vocab,
+    "--log-dir a file": _log_dir_a_file,
+    "no tokenizer, accuracy run": _no_tokenizer,
+    "tpot_target_ms NaN": _engine('{"tpot_target_ms": NaN}'),
+    "prefix caching 'false'": _engine('{"enable_prefix_caching": "false"}'),
+    "max_num_seqs true": _engine('{"max_num_seqs": true}'),
+}
 
 
 @pytest.mark.parametrize("case", EARLY)

@@ -46,8 +46,11 @@ def test_seeded_output_does_not_depend_on_the_batch(tiny_llama):
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=123, max_tokens=16)
     alone = LLM(tiny_llama[0], num_kv_blocks=64).generate([prompts[1]], params)[0].token_ids
     llm = LLM(tiny_llama[0], num_kv_blocks=64, max_num_batched_tokens=16)
-    others = [SamplingParams(temperature=1.0, seed=7, max_tokens=16), SamplingParams(max_tokens=16),
-              SamplingParams(temperature=0.7, max_tokens=16)]
+    others = [
+        SamplingParams(temperature=1.0, seed=7, max_tokens=16),
+        SamplingParams(max_tokens=16),
+        SamplingParams(temperature=0.7, max_tokens=16),
+    ]
     mixed = llm.generate(prompts, [others[0], params, others[1], others[2]])
     assert mixed[1].token_ids == alone
     again = llm.generate([prompts[1]], params)[0].token_ids
@@ -70,8 +73,9 @@ def test_min_tokens_masks_eos_like_transformers(tiny_llama):
         assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == 2
         held = llm.generate([p], SamplingParams(max_tokens=20, min_tokens=12))[0]
         with torch.no_grad():
-            want = model.generate(torch.tensor([p]), do_sample=False, max_new_tokens=20, min_new_tokens=12,
-                                  eos_token_id=2, pad_token_id=2)[0, len(p):].tolist()
+            want = model.generate(
+                torch.tensor([p]), do_sample=False, max_new_tokens=20, min_new_tokens=12, eos_token_id=2, pad_token_id=2
+            )[0, len(p) :].tolist()
         want = want[: want.index(2) + 1] if 2 in want else want
         assert held.token_ids == want
         assert len(held.token_ids) >= 12 and 2 not in held.token_ids[:12]

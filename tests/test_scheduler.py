@@ -33,8 +33,12 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
     prefix is accepted; check invariants after every step."""
     rng = random.Random(trial)
     spec = SpeculativeConfig("ngram", 3) if speculate else None
-    config = EngineConfig(max_num_batched_tokens=rng.choice([8, 16, 64]), max_num_seqs=rng.choice([2, 4, 8]),
-                          block_size=4, speculative_config=spec)
+    config = EngineConfig(
+        max_num_batched_tokens=rng.choice([8, 16, 64]),
+        max_num_seqs=rng.choice([2, 4, 8]),
+        block_size=4,
+        speculative_config=spec,
+    )
     bm = BlockManager(num_blocks=20, block_size=4, enable_prefix_caching=prefix_caching)
     sched = Scheduler(config, bm)
     proposer = RandomProposer(rng)
@@ -43,7 +47,7 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
     for step in range(400):
         if next_id < 40 and rng.random() < 0.3:
             n = rng.randint(1, 40)
-            prompt = (shared[: rng.choice([0, 4, 8, 16])] + [rng.randrange(1000) for _ in range(n)])[: 60]
+            prompt = (shared[: rng.choice([0, 4, 8, 16])] + [rng.randrange(1000) for _ in range(n)])[:60]
             s = seq(prompt, request_id=next_id, max_tokens=rng.randint(1, 20))
             next_id += 1
             sched.add(s)
@@ -58,19 +62,24 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
         batch = sched.schedule()
         assert sum(batch.num_new_tokens) <= config.max_num_batched_tokens
         assert len(sched.running) <= config.max_num_seqs
-        for s, n, prefill, k, d in zip(batch.seqs, batch.num_new_tokens, batch.is_prefill, batch.num_logits,
-                                       batch.num_draft):
+        for s, n, prefill, k, d in zip(
+            batch.seqs, batch.num_new_tokens, batch.is_prefill, batch.num_logits, batch.num_draft
+        ):
             assert s.status == SequenceStatus.RUNNING
             assert len(s.block_table) * 4 >= s.num_computed_tokens + n
             assert prefill == s.is_prefill
             assert d == len(s.spec_token_ids) and (d == 0 or not prefill), "prefilling sequences do not speculate"
             assert len(s.output_token_ids) + d < s.max_tokens, "drafts past max_tokens"
-            assert prefill or (n == 1 + d and s.num_computed_tokens == s.num_tokens - 1), "a decode computes its last token"
+            assert prefill or (n == 1 + d and s.num_computed_tokens == s.num_tokens - 1), (
+                "a decode computes its last token"
+            )
             assert k == (1 + d if not prefill else s.num_computed_tokens + n == s.num_tokens)
         # The real update after a fake forward: per sequence that samples, a random prefix of its
         # drafts accepted and one random token.
-        emitted = [s.spec_token_ids[:rng.randint(0, len(s.spec_token_ids))] + [rng.randrange(1000)]
-                   for s in batch.sampling_seqs]
+        emitted = [
+            s.spec_token_ids[: rng.randint(0, len(s.spec_token_ids))] + [rng.randrange(1000)]
+            for s in batch.sampling_seqs
+        ]
         lengths = {s: len(s.output_token_ids) + len(e) for s, e in zip(batch.sampling_seqs, emitted)}
         for s in sched.update_from_output(batch, emitted, 0.0):
             assert s.finish_reason == "length" and len(s.output_token_ids) == s.max_tokens
@@ -94,7 +103,10 @@ def _run_fake_clock(config: EngineConfig) -> tuple[float, float, list[int]]:
     prompt's chunk sizes."""
     sched = Scheduler(config, BlockManager(num_blocks=256, block_size=4, enable_prefix_caching=False))
     # max_tokens past the run's 120 steps: neither finishes
-    first, second = seq(list(range(6)), request_id=0, max_tokens=200), seq(list(range(300)), request_id=1, max_tokens=200)
+    first, second = (
+        seq(list(range(6)), request_id=0, max_tokens=200),
+        seq(list(range(300)), request_id=1, max_tokens=200),
+    )
     first.arrival_time = 0.0
     sched.add(first)
     clock, worst_tpot, chunks = 0.0, 0.0, []

@@ -10,14 +10,17 @@ from kernels import TORCH_OPS, TRITON_OPS, KernelOps, select_ops
 C_OPS = KernelOps("c", *[lambda *a: None] * 6)
 
 
-@pytest.mark.parametrize("device, setting, cpu_ops, expected", [
-    ("cuda", "auto", None, TRITON_OPS),
-    ("cuda", "torch", None, TORCH_OPS),
-    ("cuda", "triton", None, TRITON_OPS),
-    ("cpu", "auto", C_OPS, C_OPS),
-    ("cpu", "auto", None, TORCH_OPS),  # no C kernels here
-    ("cpu", "torch", C_OPS, TORCH_OPS),
-])
+@pytest.mark.parametrize(
+    "device, setting, cpu_ops, expected",
+    [
+        ("cuda", "auto", None, TRITON_OPS),
+        ("cuda", "torch", None, TORCH_OPS),
+        ("cuda", "triton", None, TRITON_OPS),
+        ("cpu", "auto", C_OPS, C_OPS),
+        ("cpu", "auto", None, TORCH_OPS),  # no C kernels here
+        ("cpu", "torch", C_OPS, TORCH_OPS),
+    ],
+)
 def test_the_op_set_follows_device_and_setting(device, setting, cpu_ops, expected):
     assert select_ops(device, setting, cpu_ops) is expected
 

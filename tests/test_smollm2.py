@@ -39,14 +39,19 @@ def hf_model(smollm2_dir):
 def test_smollm2_batched_greedy_matches_transformers(smollm2_dir, hf_model):
     llm = LLM(smollm2_dir, max_num_batched_tokens=512)
     tok = llm.tokenizer
-    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                       tokenize=True)["input_ids"] for q in QUESTIONS]
+    prompts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True)[
+            "input_ids"
+        ]
+        for q in QUESTIONS
+    ]
     ours = [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=NEW_TOKENS))]
     exact, near_ties = 0, []
     for prompt, got in zip(prompts, ours):
         with torch.no_grad():
-            full = hf_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS,
-                                     pad_token_id=2)[0, len(prompt):].tolist()
+            full = hf_model.generate(
+                torch.tensor([prompt]), do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=2
+            )[0, len(prompt) :].tolist()
         if got == full:
             exact += 1
             continue

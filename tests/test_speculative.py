@@ -27,15 +27,17 @@ def tiny_draft(tiny_llama, tmp_path_factory):
 def repetitive_prompts(n, seed=0):
     """Prompts that repeat a random phrase, so that n-gram lookup finds matches."""
     phrases = random_prompts([5 + i % 4 for i in range(n)], seed=seed)
-    return [(p * 6)[:20 + 7 * i] for i, p in enumerate(phrases)]
+    return [(p * 6)[: 20 + 7 * i] for i, p in enumerate(phrases)]
 
 
 def proposers(tiny_llama, tiny_draft):
     """Each proposer, by name: n-gram lookup, a 1-layer draft (low acceptance), and the target as its
     own draft (nearly every draft accepted, so runs end in bonus tokens and stops fall inside them)."""
-    return {"ngram": NGRAM,
-            "draft-L1": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
-            "self-draft": {"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 4}}
+    return {
+        "ngram": NGRAM,
+        "draft-L1": {"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 3},
+        "self-draft": {"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 4},
+    }
 
 
 def generate(folder, prompts, params, **settings):
@@ -50,8 +52,9 @@ def test_greedy_speculation_is_token_identical(tiny_llama, tiny_draft, name, bat
     prompts = repetitive_prompts(8)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
     plain, _ = generate(folder, prompts, params, max_num_seqs=batch)
-    spec, engine = generate(folder, prompts, params, max_num_seqs=batch,
-                            speculative_config=proposers(tiny_llama, tiny_draft)[name])
+    spec, engine = generate(
+        folder, prompts, params, max_num_seqs=batch, speculative_config=proposers(tiny_llama, tiny_draft)[name]
+    )
     assert spec == plain
     stats = engine.spec_stats()
     assert stats["num_proposals"] > 0 and stats["num_draft_tokens"] >= stats["num_accepted_tokens"]
@@ -71,8 +74,9 @@ def test_greedy_speculation_with_chunked_prefill_and_preemption(tiny_llama, tiny
     params = SamplingParams(max_tokens=48, ignore_eos=True)
     plain, _ = generate(folder, prompts, params)
     settings = dict(max_num_batched_tokens=16, block_size=4, num_kv_blocks=32, max_model_len=128)
-    spec, engine = generate(folder, prompts, params, speculative_config=proposers(tiny_llama, tiny_draft)[name],
-                            **settings)
+    spec, engine = generate(
+        folder, prompts, params, speculative_config=proposers(tiny_llama, tiny_draft)[name], **settings
+    )
     assert spec == plain
     assert engine.scheduler.num_preemptions > 0
     assert engine.spec_stats()["num_accepted_tokens"] > 0
@@ -90,7 +94,9 @@ def test_stops_and_max_tokens_inside_accepted_runs(tiny_llama, tiny_draft, name)
         stop = out[10]  # a token the output reaches mid-way
         params = SamplingParams(max_tokens=40, ignore_eos=True, stop_token_ids=(stop,))
         plain, _ = generate(folder, [prompts[i]], params)
-        spec, engine = generate(folder, [prompts[i]], params, speculative_config=proposers(tiny_llama, tiny_draft)[name])
+        spec, engine = generate(
+            folder, [prompts[i]], params, speculative_config=proposers(tiny_llama, tiny_draft)[name]
+        )
         assert spec == plain and plain[0][-1] == stop and stop not in plain[0][:-1]
     for max_tokens in (1, 2, 5, 13):
         params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -139,14 +145,23 @@ def test_seeded_sampled_request_is_the_same_whatever_the_batch(tiny_llama, tiny_
 
 # ---- the distribution of sampled tokens -------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def small_vocab_llama(tmp_path_factory):
     """A tiny Llama over 12 tokens with peaked next-token distributions, and its 1-layer draft."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(99)
-    config = LlamaConfig(**{**TINY_CONFIG, "vocab_size": 12, "bos_token_id": 0, "eos_token_id": 11, "pad_token_id": 0,
-                            "initializer_range": 0.15})
+    config = LlamaConfig(
+        **{
+            **TINY_CONFIG,
+            "vocab_size": 12,
+            "bos_token_id": 0,
+            "eos_token_id": 11,
+            "pad_token_id": 0,
+            "initializer_range": 0.15,
+        }
+    )
     model = LlamaForCausalLM(config).eval()
     folder = tmp_path_factory.mktemp("small-vocab") / "target"
     model.save_pretrained(folder)
@@ -168,8 +183,11 @@ def chi_square_p_value(counts: Counter, probs: dict, n: int) -> float:
         stat += (merged_obs - merged_exp) ** 2 / merged_exp
         cells += 1
     assert sum(counts.values()) == n and all(c in probs for c in counts), "a draw outside the support"
-    return float(torch.special.gammaincc(torch.tensor((cells - 1) / 2, dtype=torch.float64),
-                                         torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor((cells - 1) / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)
+        )
+    )
 
 
 def exact_pairs(model, prompt, temperature):
@@ -192,8 +210,10 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab_llama, spec):
     prompt = [3, 5, 7, 3, 5]
     temperature = 1.0
     probs = exact_pairs(model, prompt, temperature)
-    settings = {"draft": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2},
-                "ngram": {**NGRAM, "num_speculative_tokens": 2}}[spec]
+    settings = {
+        "draft": {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2},
+        "ngram": {**NGRAM, "num_speculative_tokens": 2},
+    }[spec]
     n = 2000
     params = [SamplingParams(max_tokens=3, temperature=temperature, seed=s, ignore_eos=True) for s in range(n)]
     for speculative_config in (None, settings):
@@ -217,8 +237,12 @@ def test_a_wrong_verifier_fails_the_distribution_test(small_vocab_llama, monkeyp
     monkeypatch.setattr(rs, "_accepts", lambda u, p_x, q_x: bool(q_x > 0))
     n = 2000
     params = [SamplingParams(max_tokens=3, temperature=1.0, seed=s, ignore_eos=True) for s in range(n)]
-    llm = LLM(folder, device="cpu", max_num_seqs=256,
-              speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2})
+    llm = LLM(
+        folder,
+        device="cpu",
+        max_num_seqs=256,
+        speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2},
+    )
     outputs = llm.generate([prompt] * n, params)
     counts = Counter((o.token_ids[0], o.token_ids[1]) for o in outputs)
     assert chi_square_p_value(counts, probs, n) < 1e-6
@@ -226,17 +250,23 @@ def test_a_wrong_verifier_fails_the_distribution_test(small_vocab_llama, monkeyp
 
 # ---- settings and bad input -------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, message", [
-    ({"method": "medusa", "num_speculative_tokens": 2}, "speculative_config.method"),
-    ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
-    ({"method": "ngram"}, "needs num_speculative_tokens"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
-     "prompt_lookup_min=4 is above prompt_lookup_max=2"),
-    ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown key(s) ['lookahead']"),
-    ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
-    ({"method": "ngram", "num_speculative_tokens": 40}, "above the maximum 32"),
-    ("ngram", "must be an object"),
-])
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ({"method": "medusa", "num_speculative_tokens": 2}, "speculative_config.method"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens must be an integer >= 1"),
+        ({"method": "ngram"}, "needs num_speculative_tokens"),
+        (
+            {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},
+            "prompt_lookup_min=4 is above prompt_lookup_max=2",
+        ),
+        ({"method": "ngram", "num_speculative_tokens": 2, "lookahead": 3}, "unknown key(s) ['lookahead']"),
+        ({"method": "draft_model", "num_speculative_tokens": 2}, "speculative_config.model"),
+        ({"method": "ngram", "num_speculative_tokens": 40}, "above the maximum 32"),
+        ("ngram", "must be an object"),
+    ],
+)
 def test_bad_settings_are_refused_by_name(tiny_llama, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         LLM(tiny_llama[0], device="cpu", speculative_config=value)
@@ -246,7 +276,12 @@ def test_k_too_large_for_the_model_or_the_step(tiny_llama):
     with pytest.raises(ConfigError, match="too large for max_model_len=8"):
         LLM(tiny_llama[0], device="cpu", max_model_len=8, speculative_config={**NGRAM, "num_speculative_tokens": 7})
     with pytest.raises(ConfigError, match="more than max_num_batched_tokens=4"):
-        LLM(tiny_llama[0], device="cpu", max_num_batched_tokens=4, speculative_config={**NGRAM, "num_speculative_tokens": 4})
+        LLM(
+            tiny_llama[0],
+            device="cpu",
+            max_num_batched_tokens=4,
+            speculative_config={**NGRAM, "num_speculative_tokens": 4},
+        )
 
 
 def test_bad_draft_folders_are_refused_before_anything_loads(tiny_llama, tmp_path):
@@ -258,8 +293,11 @@ def test_bad_draft_folders_are_refused_before_anything_loads(tiny_llama, tmp_pat
 
     def refused(draft, message):
         with pytest.raises(ConfigError, match=message):
-            LLM(target, device="cpu", speculative_config={"method": "draft_model", "model": str(draft),
-                                                          "num_speculative_tokens": 2})
+            LLM(
+                target,
+                device="cpu",
+                speculative_config={"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2},
+            )
 
     refused(tmp_path / "nowhere", "does not exist")
     gpt2 = tmp_path / "gpt2"
@@ -289,8 +327,12 @@ def test_ngram_lookup():
 
 
 def test_metrics_count_what_was_proposed_and_accepted(tiny_llama):
-    llm = LLM(tiny_llama[0], device="cpu", num_kv_blocks=256, speculative_config={"method": "draft_model", "model": str(tiny_llama[0]),
-                                                               "num_speculative_tokens": 3})
+    llm = LLM(
+        tiny_llama[0],
+        device="cpu",
+        num_kv_blocks=256,
+        speculative_config={"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 3},
+    )
     out = llm.generate(repetitive_prompts(2), SamplingParams(max_tokens=20, ignore_eos=True))
     stats = llm.engine.spec_stats()
     assert stats["method"] == "draft_model" and "k=3" in stats["description"]
@@ -313,8 +355,9 @@ def test_abort_mid_run_leaves_the_others_unchanged(tiny_llama, tiny_draft, name)
     prompts = repetitive_prompts(4, seed=6)
     params = SamplingParams(max_tokens=30, ignore_eos=True)
     plain, _ = generate(folder, prompts, params)
-    engine = LLMEngine(folder, device="cpu", num_kv_blocks=64, block_size=4,
-                       speculative_config=proposers(tiny_llama, tiny_draft)[name])
+    engine = LLMEngine(
+        folder, device="cpu", num_kv_blocks=64, block_size=4, speculative_config=proposers(tiny_llama, tiny_draft)[name]
+    )
     ids = [engine.add_request(p, params) for p in prompts]
     outputs = {}
     for step in range(200):
@@ -334,8 +377,12 @@ def test_abort_mid_run_leaves_the_others_unchanged(tiny_llama, tiny_draft, name)
 def test_the_draft_cache_comes_out_of_the_kv_budget(tiny_llama, tiny_draft):
     """Target and draft caches together fit the KV budget (on a GPU the draft's weights too)."""
     budget = 0.002
-    llm = LLM(tiny_llama[0], device="cpu", kv_cache_memory_gb=budget, speculative_config={
-        "method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 2})
+    llm = LLM(
+        tiny_llama[0],
+        device="cpu",
+        kv_cache_memory_gb=budget,
+        speculative_config={"method": "draft_model", "model": str(tiny_draft), "num_speculative_tokens": 2},
+    )
     target, draft = llm.engine.runner, llm.engine.proposer.runner
     assert draft.num_blocks == target.num_blocks
     used = target.kv_cache.nbytes + draft.kv_cache.nbytes

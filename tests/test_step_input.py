@@ -27,8 +27,15 @@ def reference_step_input(batch: ScheduledBatch, block_size: int) -> dict:
         rows += range(cu[-1] - k, cu[-1])
     width = max(len(s.block_table) for s in batch.seqs)
     tables = [s.block_table + [0] * (width - len(s.block_table)) for s in batch.seqs]
-    return dict(input_ids=ids, positions=positions, slot_mapping=slots, block_tables=tables, cu_seqlens_q=cu,
-                seq_lens=seq_lens, logits_indices=rows)
+    return dict(
+        input_ids=ids,
+        positions=positions,
+        slot_mapping=slots,
+        block_tables=tables,
+        cu_seqlens_q=cu,
+        seq_lens=seq_lens,
+        logits_indices=rows,
+    )
 
 
 def test_prepare_matches_the_per_token_reference_over_chunks_decodes_and_preemption(tiny_llama):

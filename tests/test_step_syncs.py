@@ -35,8 +35,11 @@ def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
         def counted(self, *args, _original=original, _name=name, **kwargs):
             frame = sys._getframe(1)
             where = frame.f_code.co_filename
-            if (where.startswith(OURS) and frame.f_code.co_name not in ON_HOST_COPIES
-                    and self.untyped_storage().data_ptr() not in host_copies):
+            if (
+                where.startswith(OURS)
+                and frame.f_code.co_name not in ON_HOST_COPIES
+                and self.untyped_storage().data_ptr() not in host_copies
+            ):
                 reads.append(f"{_name}() at {Path(where).relative_to(REPO)}:{frame.f_lineno}")
             return _original(self, *args, **kwargs)
 
@@ -62,16 +65,27 @@ def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
     return reads, syncs, forwards
 
 
-@pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 3},
-                                  "draft"], ids=["plain", "ngram", "draft"])
+@pytest.mark.parametrize(
+    "spec", [None, {"method": "ngram", "num_speculative_tokens": 3}, "draft"], ids=["plain", "ngram", "draft"]
+)
 def test_each_forward_reads_the_device_once(tiny_llama, monkeypatch, spec):
     if spec == "draft":
         spec = {"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 2}
-    llm = LLM(tiny_llama[0], kernels="triton", num_kv_blocks=32, block_size=8, max_num_batched_tokens=16,
-              device="cpu", speculative_config=spec)
+    llm = LLM(
+        tiny_llama[0],
+        kernels="triton",
+        num_kv_blocks=32,
+        block_size=8,
+        max_num_batched_tokens=16,
+        device="cpu",
+        speculative_config=spec,
+    )
     prompts = [(p * 3)[:20] for p in random_prompts([4, 11, 6], seed=5)]
-    params = [SamplingParams(max_tokens=6, ignore_eos=True), SamplingParams(max_tokens=6, temperature=0.9, seed=3),
-              SamplingParams(max_tokens=6, temperature=0.5, top_k=5, seed=4)]
+    params = [
+        SamplingParams(max_tokens=6, ignore_eos=True),
+        SamplingParams(max_tokens=6, temperature=0.9, seed=3),
+        SamplingParams(max_tokens=6, temperature=0.5, top_k=5, seed=4),
+    ]
     reads, syncs, forwards = count_host_reads(monkeypatch)
     outputs = llm.generate(prompts, params)
     assert all(len(o.token_ids) == 6 or o.finish_reason == "stop" for o in outputs)

@@ -47,18 +47,21 @@ def test_good_tree_passes_the_checker(chain):
     scenario = org / "results" / "tiny" / "tiny-llama" / "Server"
     assert (scenario / "TEST06" / "verify_accuracy.txt").read_text() == (
         "First token check pass: True\nEOS check pass: True\nSample length check pass: True\n"
-        "TEST06 verification complete\n")
+        "TEST06 verification complete\n"
+    )
     assert (scenario / "accuracy" / "mlperf_log_accuracy.json").stat().st_size <= 10240
     assert re.search(r"^hash=[0-9a-f]{64}$", (scenario / "accuracy" / "accuracy.txt").read_text(), re.MULTILINE)
     assert "saaf_harness" not in json.loads((org / "systems" / "tiny.json").read_text())
-    assert "python -m harness run --system tiny --benchmark llama3.1-8b" in (org / "src/tiny-llama/README.md").read_text()
+    assert (
+        "python -m harness run --system tiny --benchmark llama3.1-8b" in (org / "src/tiny-llama/README.md").read_text()
+    )
 
 
 def _set_detail_value(path, key, value):
     lines = []
     for line in path.read_text().splitlines():
         if line.startswith(MLLOG_MARKER):
-            entry = json.loads(line[len(MLLOG_MARKER):])
+            entry = json.loads(line[len(MLLOG_MARKER) :])
             if entry["key"] == key:
                 entry["value"] = value
                 line = MLLOG_MARKER + " " + json.dumps(entry)
@@ -94,14 +97,20 @@ def _prepend_detail_entry(path, key, value):
     """A second entry for `key`, logged before LoadGen's own one."""
     lines = path.read_text().splitlines()
     first = next(i for i, line in enumerate(lines) if line.startswith(MLLOG_MARKER))
-    entry = dict(json.loads(lines[first][len(MLLOG_MARKER):]), key=key, value=value)
+    entry = dict(json.loads(lines[first][len(MLLOG_MARKER) :]), key=key, value=value)
     lines.insert(first, MLLOG_MARKER + " " + json.dumps(entry))
     path.write_text("\n".join(lines) + "\n")
 
 
 def _append_detail_entry(path, key, value, is_error=False):
-    entry = {"key": key, "value": value, "time_ms": 0, "namespace": "mlperf::logging", "event_type": "POINT_IN_TIME",
-             "metadata": {"is_error": is_error, "is_warning": False, "file": "x.cc", "line_no": 1, "pid": 1, "tid": 1}}
+    entry = {
+        "key": key,
+        "value": value,
+        "time_ms": 0,
+        "namespace": "mlperf::logging",
+        "event_type": "POINT_IN_TIME",
+        "metadata": {"is_error": is_error, "is_warning": False, "file": "x.cc", "line_no": 1, "pid": 1, "tid": 1},
+    }
     with open(path, "a") as f:
         f.write(MLLOG_MARKER + " " + json.dumps(entry) + "\n")
 
@@ -121,80 +130,129 @@ def _edit_system(path, **fields):
 S = "results/tiny/tiny-llama/Server"
 O = "results/tiny/tiny-llama/Offline"
 DEFECTS = {
-    "missing required file": (lambda org: (org / S / "user.conf").unlink(), r"Server/user.conf: \[required-file\] missing"),
-    "missing required scenario": (lambda org: shutil.rmtree(org / S),
-                                  r"\[required-scenarios\] has \['Offline'\]; llama3.1-8b needs \['Offline'\] and one of"),
-    "wrong seed": (lambda org: _set_detail_value(org / O / "performance/run_1/mlperf_log_detail.txt",
-                                                 "effective_qsl_rng_seed", 12345),
-                   r"\[seeds\] effective_qsl_rng_seed is 12345, not the v6.1 seed"),
-    "INVALID run": (lambda org: _set_detail_value(org / S / "performance/run_1/mlperf_log_detail.txt",
-                                                  "result_validity", "INVALID"),
-                    r"\[latency-validity-audit\] LoadGen result is INVALID, not VALID"),
-    "p99 TPOT above the limit": (lambda org: _set_detail_value(
-        org / S / "performance/run_1/mlperf_log_detail.txt", "result_time_per_output_token_99.00_percentile_ns",
-        150_000_000), r"p99 TPOT 150.0 ms is not below the Server limit of 100 ms"),
-    "Interactive measured against Server limits": (lambda org: (org / S).rename(org / S.replace("Server", "Interactive")),
-                                                   r"not the Interactive limits 500/30 ms"),
-    "first-token mismatch": (lambda org: _edit_test06_log(org / S, _wrong_first_token),
-                             r"\[TEST06\] qsl_idx \d+: first-token response .* is not the start of the response"),
-    "two trailing EOS": (lambda org: _edit_test06_log(org / S, _two_trailing_eos),
-                         r"\[TEST06\] qsl_idx \d+: the response ends in more than one EOS token"),
-    "n_tokens off by one": (lambda org: _edit_test06_log(org / O, _n_tokens_off_by_one),
-                            r"\[TEST06\] qsl_idx \d+: response has (\d+) tokens but n_tokens was (\d+)"),
-    "accuracy under target": (lambda org: _edit_text(org / O / "accuracy/accuracy.txt", r"'rouge1': [\d.]+",
-                                                     "'rouge1': 50.0"),
-                              r"\[accuracy-target\] rouge1 = 50.0 is not >= 79.2000"),
-    "np.float64 in accuracy.txt": (lambda org: _edit_text(org / O / "accuracy/accuracy.txt", r"'rouge2': ([\d.]+)",
-                                                          r"'rouge2': np.float64(\1)"),
-                                   r"accuracy.txt: \[accuracy-pattern\] numbers print as numpy reprs"),
-    "empty required system field": (lambda org: _edit_system(org / "systems/tiny.json", cooling=""),
-                                     r"tiny.json: \[system\] required field 'cooling' is empty"),
-    "a count of 0 as a number": (lambda org: _edit_system(org / "systems/tiny.json", accelerators_per_node=0),
-                                 r"tiny.json: \[system\] required field 'accelerators_per_node' is empty"),
-    "division contradicted by the system file": (lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
-                                                 r"\[system\] division 'closed' contradicts the path's division 'open'"),
+    "missing required file": (
+        lambda org: (org / S / "user.conf").unlink(),
+        r"Server/user.conf: \[required-file\] missing",
+    ),
+    "missing required scenario": (
+        lambda org: shutil.rmtree(org / S),
+        r"\[required-scenarios\] has \['Offline'\]; llama3.1-8b needs \['Offline'\] and one of",
+    ),
+    "wrong seed": (
+        lambda org: _set_detail_value(
+            org / O / "performance/run_1/mlperf_log_detail.txt", "effective_qsl_rng_seed", 12345
+        ),
+        r"\[seeds\] effective_qsl_rng_seed is 12345, not the v6.1 seed",
+    ),
+    "INVALID run": (
+        lambda org: _set_detail_value(
+            org / S / "performance/run_1/mlperf_log_detail.txt", "result_validity", "INVALID"
+        ),
+        r"\[latency-validity-audit\] LoadGen result is INVALID, not VALID",
+    ),
+    "p99 TPOT above the limit": (
+        lambda org: _set_detail_value(
+            org / S / "performance/run_1/mlperf_log_detail.txt",
+            "result_time_per_output_token_99.00_percentile_ns",
+            150_000_000,
+        ),
+        r"p99 TPOT 150.0 ms is not below the Server limit of 100 ms",
+    ),
+    "Interactive measured against Server limits": (
+        lambda org: (org / S).rename(org / S.replace("Server", "Interactive")),
+        r"not the Interactive limits 500/30 ms",
+    ),
+    "first-token mismatch": (
+        lambda org: _edit_test06_log(org / S, _wrong_first_token),
+        r"\[TEST06\] qsl_idx \d+: first-token response .* is not the start of the response",
+    ),
+    "two trailing EOS": (
+        lambda org: _edit_test06_log(org / S, _two_trailing_eos),
+        r"\[TEST06\] qsl_idx \d+: the response ends in more than one EOS token",
+    ),
+    "n_tokens off by one": (
+        lambda org: _edit_test06_log(org / O, _n_tokens_off_by_one),
+        r"\[TEST06\] qsl_idx \d+: response has (\d+) tokens but n_tokens was (\d+)",
+    ),
+    "accuracy under target": (
+        lambda org: _edit_text(org / O / "accuracy/accuracy.txt", r"'rouge1': [\d.]+", "'rouge1': 50.0"),
+        r"\[accuracy-target\] rouge1 = 50.0 is not >= 79.2000",
+    ),
+    "np.float64 in accuracy.txt": (
+        lambda org: _edit_text(org / O / "accuracy/accuracy.txt", r"'rouge2': ([\d.]+)", r"'rouge2': np.float64(\1)"),
+        r"accuracy.txt: \[accuracy-pattern\] numbers print as numpy reprs",
+    ),
+    "empty required system field": (
+        lambda org: _edit_system(org / "systems/tiny.json", cooling=""),
+        r"tiny.json: \[system\] required field 'cooling' is empty",
+    ),
+    "a count of 0 as a number": (
+        lambda org: _edit_system(org / "systems/tiny.json", accelerators_per_node=0),
+        r"tiny.json: \[system\] required field 'accelerators_per_node' is empty",
+    ),
+    "division contradicted by the system file": (
+        lambda org: _edit_system(org / "systems/tiny.json", division="closed"),
+        r"\[system\] division 'closed' contradicts the path's division 'open'",
+    ),
     "datacenter benchmark on an edge system": (
         lambda org: _edit_system(org / "systems/tiny.json", system_type="edge"),
         r"results/tiny/tiny-llama: \[system-type\] llama3.1-8b is not a benchmark of a 'edge' system; it needs a "
-        r"system_type of datacenter"),
+        r"system_type of datacenter",
+    ),
     "edge benchmark on a datacenter system": (
         lambda org: (org / "model_mapping.json").write_text(json.dumps({"tiny-llama": "llama3.1-8b-edge"})),
         r"results/tiny/tiny-llama: \[system-type\] llama3.1-8b-edge is not a benchmark of a 'datacenter' system; "
-        r"it needs a system_type of edge"),
+        r"it needs a system_type of edge",
+    ),
     "a scenario the benchmark does not allow": (
         lambda org: shutil.copytree(org / O, org / O.replace("Offline", "SingleStream")),
         r"tiny-llama/SingleStream: \[allowed-scenarios\] llama3.1-8b on a 'datacenter' system allows only "
-        r"\['Interactive', 'Offline', 'Server'\]"),
+        r"\['Interactive', 'Offline', 'Server'\]",
+    ),
     "a repeated key: the first entry counts": (
-        lambda org: _prepend_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
-                                          "effective_sample_index_rng_seed", 777),
-        r"Offline/performance/run_1/mlperf_log_detail.txt: \[seeds\] effective_sample_index_rng_seed is 777"),
+        lambda org: _prepend_detail_entry(
+            org / O / "performance/run_1/mlperf_log_detail.txt", "effective_sample_index_rng_seed", 777
+        ),
+        r"Offline/performance/run_1/mlperf_log_detail.txt: \[seeds\] effective_sample_index_rng_seed is 777",
+    ),
     "a LoadGen error logged after the results": (
-        lambda org: _append_detail_entry(org / O / "accuracy/mlperf_log_detail.txt", "error_runtime",
-                                         "Number of tokens need to be greater than 1", is_error=True),
+        lambda org: _append_detail_entry(
+            org / O / "accuracy/mlperf_log_detail.txt",
+            "error_runtime",
+            "Number of tokens need to be greater than 1",
+            is_error=True,
+        ),
         r"Offline/accuracy/mlperf_log_detail.txt: \[loadgen-errors\] LoadGen logged an error: error_runtime: "
-        r"Number of tokens need to be greater than 1"),
+        r"Number of tokens need to be greater than 1",
+    ),
     "no per-benchmark README in src/": (
         lambda org: (org / "src/tiny-llama/README.md").unlink(),
-        r"src/tiny-llama/README.md: \[structure\] missing or empty"),
+        r"src/tiny-llama/README.md: \[structure\] missing or empty",
+    ),
 }
 # Rules the demo knowingly shortens: errors without --demo, warnings with it.
 DEMO_SHORTENED_DEFECTS = {
     "shortened accuracy run": (
-        lambda org: _set_detail_value(org / O / "accuracy/mlperf_log_detail.txt", "effective_accuracy_sample_count", 10),
+        lambda org: _set_detail_value(
+            org / O / "accuracy/mlperf_log_detail.txt", "effective_accuracy_sample_count", 10
+        ),
         r"Offline/accuracy/mlperf_log_detail.txt: \[dataset-size\] effective_accuracy_sample_count 10 is not the "
-        r"dataset size 13368"),
+        r"dataset size 13368",
+    ),
     "equal-issue mode off": (
-        lambda org: _set_detail_value(org / S / "performance/run_1/mlperf_log_detail.txt",
-                                      "effective_sample_concatenate_permutation", False),
+        lambda org: _set_detail_value(
+            org / S / "performance/run_1/mlperf_log_detail.txt", "effective_sample_concatenate_permutation", False
+        ),
         r"Server/performance/run_1/mlperf_log_detail.txt: \[equal-issue\] effective_sample_concatenate_permutation is "
-        r"False; mlperf.conf sets llama3_1-8b.\*.sample_concatenate_permutation = 1"),
+        r"False; mlperf.conf sets llama3_1-8b.\*.sample_concatenate_permutation = 1",
+    ),
 }
 # Changes after which the tree still passes.
 GOOD_VARIANTS = {
     "a datacenter,edge system": lambda org: _edit_system(org / "systems/tiny.json", system_type="datacenter,edge"),
-    "a later repeat of a key": lambda org: _append_detail_entry(org / O / "performance/run_1/mlperf_log_detail.txt",
-                                                                "result_validity", "INVALID"),
+    "a later repeat of a key": lambda org: _append_detail_entry(
+        org / O / "performance/run_1/mlperf_log_detail.txt", "result_validity", "INVALID"
+    ),
 }
 
 
@@ -234,8 +292,12 @@ def test_good_variants_pass(chain, tmp_path, variant):
 
 def test_detail_log_reads_as_the_official_parser(tmp_path):
     log = tmp_path / "mlperf_log_detail.txt"
-    for key, value, is_error in [("result_validity", "VALID", False), ("error_runtime", "a", True),
-                                 ("result_validity", "INVALID", False), ("error_runtime", "b", True)]:
+    for key, value, is_error in [
+        ("result_validity", "VALID", False),
+        ("error_runtime", "a", True),
+        ("result_validity", "INVALID", False),
+        ("error_runtime", "b", True),
+    ]:
         _append_detail_entry(log, key, value, is_error)
     values, errors = read_detail_log(log)
     assert values == {"result_validity": "VALID", "error_runtime": "a"}
@@ -256,8 +318,10 @@ def test_packaging_another_system_keeps_the_tree(chain, tmp_path):
     shutil.copytree(copy_root / "build/logs/tiny", copy_root / "build/logs/tiny2")
     org, failures = package("tiny2", copy, root=copy_root)
     assert not failures
-    assert json.loads((org / "model_mapping.json").read_text()) == {"tiny-llama": "llama3.1-8b",
-                                                                    "tiny-llama-2": "llama3.1-8b"}
+    assert json.loads((org / "model_mapping.json").read_text()) == {
+        "tiny-llama": "llama3.1-8b",
+        "tiny-llama-2": "llama3.1-8b",
+    }
     for system_name, name in (("tiny", "tiny-llama"), ("tiny2", "tiny-llama-2")):
         assert (org / "results" / system_name / name / "Server" / "accuracy" / "accuracy.txt").is_file()
         assert (org / "src" / name / "README.md").is_file()
@@ -282,11 +346,13 @@ def test_packaging_takes_the_runs_user_conf_and_notes_a_left_out_scenario(chain,
     (logs / "Server/performance/user.conf").write_text(run_conf.replace("target_qps = 100", "target_qps = 77.5"))
     reseal(logs / "Server/performance")  # as if the run had been given that user.conf
     (logs / "Server/calibration").mkdir()
-    (logs / "Server/calibration/calibration.json").write_text(json.dumps(
-        {"target_qps": 77.5, "summary": "Server: target_qps 77.500 (measured)"}))
+    (logs / "Server/calibration/calibration.json").write_text(
+        json.dumps({"target_qps": 77.5, "summary": "Server: target_qps 77.500 (measured)"})
+    )
     (logs / "Interactive/calibration").mkdir(parents=True)
-    (logs / "Interactive/calibration/calibration.json").write_text(json.dumps(
-        {"target_qps": None, "summary": "Interactive: left out: too slow here"}))
+    (logs / "Interactive/calibration/calibration.json").write_text(
+        json.dumps({"target_qps": None, "summary": "Interactive: left out: too slow here"})
+    )
     system = json.loads((copy_root / "systems/tiny.json").read_text())
     system["saaf_harness"]["scenarios"] = ["Offline", "Server", "Interactive"]
     (copy_root / "systems/tiny.json").write_text(json.dumps(system))
@@ -296,8 +362,10 @@ def test_packaging_takes_the_runs_user_conf_and_notes_a_left_out_scenario(chain,
     assert "target_qps = 77.5" in (server / "user.conf").read_text()
     assert "Server: target_qps 77.500 (measured)" in (server / "README.md").read_text()
     assert not (org / "results/tiny/tiny-llama/Interactive").exists()
-    assert "tiny-llama Interactive is left out: Interactive: left out: too slow here" in (
-        org / "documentation/README.md").read_text()
+    assert (
+        "tiny-llama Interactive is left out: Interactive: left out: too slow here"
+        in (org / "documentation/README.md").read_text()
+    )
     assert check_tree(copy, demo=True).errors == []
 
 
@@ -327,8 +395,25 @@ def test_a_speculating_run_records_its_metrics_and_the_tree_names_the_proposer(c
     # work around it), so it serves a lower rate within the latency limits.
     conf = copy_root / "measurements/tiny/llama3.1-8b/Server/user.conf"
     conf.write_text(conf.read_text().replace("Server.target_qps = 100", "Server.target_qps = 40"))
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Server",
-                           "--mode", "performance", "--root", str(copy_root)], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--system",
+            "tiny",
+            "--scenario",
+            "Server",
+            "--mode",
+            "performance",
+            "--root",
+            str(copy_root),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "speculation (n-gram prompt lookup (k=3" in done.stdout
     logs = copy_root / "build/logs/tiny/llama3.1-8b/Server/performance"
@@ -346,17 +431,41 @@ def test_a_speculating_run_records_its_metrics_and_the_tree_names_the_proposer(c
 
 def _replica_pids(pid: int) -> list[int]:
     """The data-parallel replicas among a process's children (multiprocessing's spawned workers)."""
-    children = (f"/proc/{pid}/task/{pid}/children")
+    children = f"/proc/{pid}/task/{pid}/children"
     pids = [int(c) for c in open(children).read().split()]
-    return [c for c in pids if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()
-            and b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()]
+    return [
+        c
+        for c in pids
+        if b"spawn_main" in open(f"/proc/{c}/cmdline", "rb").read()
+        and b"resource_tracker" not in open(f"/proc/{c}/cmdline", "rb").read()
+    ]
 
 
 def test_two_replicas_from_the_cli_answer_each_sample_once(chain, tmp_path):
     root, _, _ = chain
-    done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Offline",
-                           "--mode", "accuracy", "--root", str(root), "--log-dir", str(tmp_path),
-                           "--engine", '{"data_parallel_size": 2}'], capture_output=True, text=True, cwd=REPO)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--system",
+            "tiny",
+            "--scenario",
+            "Offline",
+            "--mode",
+            "accuracy",
+            "--root",
+            str(root),
+            "--log-dir",
+            str(tmp_path),
+            "--engine",
+            '{"data_parallel_size": 2}',
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("Offline accuracy: PASS"), done.stdout
     entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
@@ -366,13 +475,37 @@ def test_two_replicas_from_the_cli_answer_each_sample_once(chain, tmp_path):
 def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(chain, tmp_path):
     root, _, _ = chain
     conf = tmp_path / "user.conf"  # a run long enough to be killed in
-    conf.write_text("llama3_1-8b.Server.target_qps = 20\nllama3_1-8b.Server.min_duration = 60000\n"
-                    "llama3_1-8b.Server.min_query_count = 100\n")
+    conf.write_text(
+        "llama3_1-8b.Server.target_qps = 20\nllama3_1-8b.Server.min_duration = 60000\n"
+        "llama3_1-8b.Server.min_query_count = 100\n"
+    )
     logs = tmp_path / "logs"
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Server",
-                             "--mode", "performance", "--root", str(root), "--log-dir", str(logs), "--user-conf",
-                             str(conf), "--engine", '{"data_parallel_size": 2}'], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--system",
+            "tiny",
+            "--scenario",
+            "Server",
+            "--mode",
+            "performance",
+            "--root",
+            str(root),
+            "--log-dir",
+            str(logs),
+            "--user-conf",
+            str(conf),
+            "--engine",
+            '{"data_parallel_size": 2}',
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     try:
         replicas, deadline = [], time.monotonic() + 120
         while (len(replicas) < 2 or not (logs / "mlperf_log_detail.txt").exists()) and time.monotonic() < deadline:
@@ -406,10 +539,30 @@ def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rat
     logs = tmp_path / "Offline"
 
     def run(user_conf):
-        done = subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", "Offline",
-                               "--mode", "performance", "--root", str(root), "--user-conf", str(user_conf),
-                               "--log-dir", str(logs / "performance"), "--no-warmup"],
-                              capture_output=True, text=True, cwd=REPO)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harness",
+                "run",
+                "--system",
+                "tiny",
+                "--scenario",
+                "Offline",
+                "--mode",
+                "performance",
+                "--root",
+                str(root),
+                "--user-conf",
+                str(user_conf),
+                "--log-dir",
+                str(logs / "performance"),
+                "--no-warmup",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         return read_detail_log(logs / "performance" / "mlperf_log_detail.txt")[0]
 

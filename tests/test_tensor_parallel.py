@@ -15,7 +15,9 @@ from sut.tensor_parallel import COLLECTIVE_TIMEOUT
 from tests.conftest import random_prompts
 
 # A small pool and step budget: prompts go in chunks, and sequences are preempted.
-SETTINGS = dict(num_kv_blocks=16, block_size=8, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=8, device="cpu")
+SETTINGS = dict(
+    num_kv_blocks=16, block_size=8, max_model_len=64, max_num_batched_tokens=16, max_num_seqs=8, device="cpu"
+)
 
 
 def test_two_ranks_give_one_process_greedy_tokens_with_half_the_weights_each(tiny_llama):
@@ -40,8 +42,10 @@ def test_two_ranks_give_one_process_greedy_tokens_with_half_the_weights_each(tin
 
 def test_seeded_sampling_with_two_ranks_is_one_process_sampling(tiny_llama):
     prompts = random_prompts([7, 19], seed=2)
-    params = [SamplingParams(max_tokens=10, temperature=0.9, seed=5), SamplingParams(max_tokens=10, top_k=20,
-                                                                                     temperature=1.0, seed=6)]
+    params = [
+        SamplingParams(max_tokens=10, temperature=0.9, seed=5),
+        SamplingParams(max_tokens=10, top_k=20, temperature=1.0, seed=6),
+    ]
     want = LLM(tiny_llama[0], **SETTINGS).generate(prompts, params)
     two = LLM(tiny_llama[0], tensor_parallel_size=2, **SETTINGS)
     try:
@@ -51,8 +55,10 @@ def test_seeded_sampling_with_two_ranks_is_one_process_sampling(tiny_llama):
 
 
 def test_sizes_that_do_not_divide_the_heads_are_refused_by_name(tiny_llama):
-    with pytest.raises(ConfigError, match="tensor_parallel_size=3 does not divide the model's num_attention_heads 4, "
-                                          "num_key_value_heads 2"):
+    with pytest.raises(
+        ConfigError,
+        match="tensor_parallel_size=3 does not divide the model's num_attention_heads 4, num_key_value_heads 2",
+    ):
         LLMEngine(tiny_llama[0], tensor_parallel_size=3, **SETTINGS)
 
 

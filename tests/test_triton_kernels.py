@@ -31,6 +31,7 @@ def block_size_for(gqa: int, dtype: torch.dtype) -> int:
 
 # Decode attention
 
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gqa", GQA_RATIOS)
 def test_decode_attention_ragged_gqa(dtype, gqa):
@@ -43,8 +44,9 @@ def test_decode_attention_ragged_gqa(dtype, gqa):
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_decode_attention_head_dim_128(block_size):
-    got, want = checks.check_decode_attention(ragged_lengths(block_size), 8, 2, 128, block_size, torch.bfloat16,
-                                              DEVICE, num_splits=2)
+    got, want = checks.check_decode_attention(
+        ragged_lengths(block_size), 8, 2, 128, block_size, torch.bfloat16, DEVICE, num_splits=2
+    )
     assert_close(got, want, torch.bfloat16, f"decode head_dim=128 block_size={block_size}")
 
 
@@ -67,12 +69,18 @@ def test_decode_attention_chooses_splits_itself():
 
 # Prefill attention (varlen, paged, causal with the cached-context offset)
 
+
 # (query_len, seq_len) per sequence: whole prompts of ragged lengths, chunked-prefill chunks after
 # cached context, one-token decodes, a 4-token verify, a one-token prompt.
 def prefill_batch(block_size: int) -> tuple[list[int], list[int]]:
     pairs = [(n, n) for n in ragged_lengths(block_size)[1:4]]
-    pairs += [(7, 7 + block_size), (block_size + 1, 3 * block_size + 2), (1, block_size + 1), (4, 2 * block_size),
-              (1, 1)]
+    pairs += [
+        (7, 7 + block_size),
+        (block_size + 1, 3 * block_size + 2),
+        (1, block_size + 1),
+        (4, 2 * block_size),
+        (1, 1),
+    ]
     return [q for q, _ in pairs], [s for _, s in pairs]
 
 
@@ -83,8 +91,9 @@ def test_prefill_attention_varlen_chunked(dtype, gqa):
     query_lens, seq_lens = prefill_batch(block_size)
     # 32-row tiles: a few query tokens already span several tiles, and with 16-key steps the
     # first rows of a tile meet key steps that are entirely masked for them.
-    got, want = checks.check_prefill_attention(query_lens, seq_lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE,
-                                               block_m=32, block_n=16)
+    got, want = checks.check_prefill_attention(
+        query_lens, seq_lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, block_m=32, block_n=16
+    )
     assert_close(got, want, dtype, f"prefill gqa={gqa} block_size={block_size}")
 
 
@@ -97,6 +106,7 @@ def test_prefill_attention_head_dim_128_default_tiles(block_size):
 
 # A mixed step: decode rows on the decode kernel, the rest on the prefill kernel
 
+
 @pytest.mark.parametrize("gqa, head_dim", [(4, 64), (8, 128), (4, 128), (8, 64)])
 def test_mixed_step_splits_rows_by_kind(gqa, head_dim):
     """Decodes (one of them the first token after a one-token prompt, one past a split-worthy
@@ -105,8 +115,9 @@ def test_mixed_step_splits_rows_by_kind(gqa, head_dim):
     block_size = 16
     query_lens = [1, 1, 1, 1, 4, 9, 21, 1]
     seq_lens = [2, 17, 600, 33, 40, 9 + 2 * block_size, 21, 50]
-    got, want, num_decodes = checks.check_mixed_step_attention(query_lens, seq_lens, 2 * gqa, 2, head_dim,
-                                                               block_size, torch.bfloat16, DEVICE)
+    got, want, num_decodes = checks.check_mixed_step_attention(
+        query_lens, seq_lens, 2 * gqa, 2, head_dim, block_size, torch.bfloat16, DEVICE
+    )
     assert num_decodes == 4
     assert_close(got, want, torch.bfloat16, f"mixed step gqa={gqa} head_dim={head_dim}")
 
@@ -120,6 +131,7 @@ def test_mixed_step_all_decodes_or_none_leading(query_lens, num_decodes):
 
 
 # KV-cache write, RMSNorm, rotary
+
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_size", [8, 128])
@@ -148,11 +160,27 @@ def test_rotary_with_llama31_scaled_table(dtype):
     from sut.config import ModelConfig
     from sut.model import RotaryEmbedding
 
-    config = ModelConfig.from_dict(dict(
-        architectures=["LlamaForCausalLM"], vocab_size=32, hidden_size=512, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192, rms_norm_eps=1e-5,
-        rope_theta=500000.0, rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                               high_freq_factor=4.0, original_max_position_embeddings=8192)))
+    config = ModelConfig.from_dict(
+        dict(
+            architectures=["LlamaForCausalLM"],
+            vocab_size=32,
+            hidden_size=512,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-5,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8192,
+            ),
+        )
+    )
     assert config.rope_scaling is not None and config.head_dim == 128
     rotary = RotaryEmbedding(config, "cpu")
     positions = torch.tensor([0, 1, 2047, 4096, 8191])
@@ -162,6 +190,7 @@ def test_rotary_with_llama31_scaled_table(dtype):
 
 
 # The engine on the Triton kernels
+
 
 def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama, monkeypatch):
     """Chunked prefill (prefill chunks after cached context), mixed steps (decode rows on the decode
@@ -199,14 +228,17 @@ def test_engine_speculating_on_triton_kernels_matches_torch_ops(tiny_llama):
     from tests.conftest import random_prompts
 
     prompts = [(p * 4)[:24] for p in random_prompts([5, 6, 7], seed=3)]
-    params = [SamplingParams(max_tokens=10, ignore_eos=True),
-              SamplingParams(max_tokens=10, temperature=1.0, seed=1, ignore_eos=True),
-              SamplingParams(max_tokens=10, temperature=0.7, top_p=0.9, seed=2, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=10, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=1.0, seed=1, ignore_eos=True),
+        SamplingParams(max_tokens=10, temperature=0.7, top_p=0.9, seed=2, ignore_eos=True),
+    ]
     spec = {"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 3}
     outputs = {}
     for kernels in ("torch", "triton"):
-        llm = LLM(tiny_llama[0], kernels=kernels, num_kv_blocks=32, block_size=8, device=DEVICE,
-                  speculative_config=spec)
+        llm = LLM(
+            tiny_llama[0], kernels=kernels, num_kv_blocks=32, block_size=8, device=DEVICE, speculative_config=spec
+        )
         want = "rejection_sample_reference" if kernels == "torch" else "rejection_sample_triton"
         assert llm.engine.runner.model.ops.rejection_sample.__name__ == want
         outputs[kernels] = [o.token_ids for o in llm.generate(prompts, params)]
@@ -228,6 +260,7 @@ def test_engine_default_is_torch_ops_on_cpu(tiny_llama):
 
 # Compiling for a GPU without one
 
+
 def test_kernels_compile_for_sm90():
     """The interpreter does not compile; this runs Triton's compiler (to sm_90 cubins, with the
     ptxas that ships in the triton wheel) on exactly what the launchers launch."""
@@ -236,20 +269,27 @@ def test_kernels_compile_for_sm90():
     if "nvidia" not in triton.backends.backends:
         pytest.skip("this triton has no NVIDIA backend")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(REPO / "tests" / "compile_for_gpu.py")], env=env, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "compile_for_gpu.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "kernel variants compiled for sm_90" in out.stdout
 
 
 # make gpu-check
 
+
 def triton_kernels_defined_in_kernels() -> set[str]:
     names = set()
     for path in (REPO / "kernels").glob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef) and any(ast.unparse(d).startswith("triton.jit")
-                                                         for d in node.decorator_list):
+            if isinstance(node, ast.FunctionDef) and any(
+                ast.unparse(d).startswith("triton.jit") for d in node.decorator_list
+            ):
                 names.add(node.name)
     return names
 

@@ -67,9 +67,18 @@ def test_settings_are_refused_before_anything_loads(tmp_path):
 
 
 def test_good_values_of_each_kind_are_taken():
-    config = EngineConfig.from_kwargs(kv_cache_memory_gb=4, gpu_memory_utilization=1, tpot_target_ms=50,
-                                      tpot_cap_ms=80.5, ttft_patience_ms=1000, seed=2**63 - 1, device="cuda:3",
-                                      dtype="bfloat16", enable_prefix_caching=False, max_model_len=None)
+    config = EngineConfig.from_kwargs(
+        kv_cache_memory_gb=4,
+        gpu_memory_utilization=1,
+        tpot_target_ms=50,
+        tpot_cap_ms=80.5,
+        ttft_patience_ms=1000,
+        seed=2**63 - 1,
+        device="cuda:3",
+        dtype="bfloat16",
+        enable_prefix_caching=False,
+        max_model_len=None,
+    )
     assert config.kv_cache_memory_gb == 4 and config.seed == 2**63 - 1 and config.device == "cuda:3"
 
 
@@ -80,14 +89,26 @@ def test_every_setting_has_a_kind_the_check_knows():
         assert kind in KIND_WORDS or kind in (CpuSettings, SpeculativeConfig), f"{f.name}: {f.type}"
 
 
-@pytest.mark.parametrize("value, message", [
-    ({"method": "draft_model", "model": "", "num_speculative_tokens": 2},
-     "speculative_config.model must be a non-empty string (the draft model's folder) for method 'draft_model', got ''"),
-    ({"method": "draft_model", "model": 5, "num_speculative_tokens": 2}, "speculative_config.model must be a non-empty"),
-    ({"method": "ngram", "num_speculative_tokens": True}, "speculative_config.num_speculative_tokens must be an integer"),
-    (SpeculativeConfig("ngram", 2, adaptive="yes"), "speculative_config.adaptive must be true or false, got 'yes'"),
-    (SpeculativeConfig("ngram", 2.0), "speculative_config.num_speculative_tokens must be an integer >= 1, got 2.0"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            {"method": "draft_model", "model": "", "num_speculative_tokens": 2},
+            "speculative_config.model must be a non-empty string (the draft model's folder) for method "
+            "'draft_model', got ''",
+        ),
+        (
+            {"method": "draft_model", "model": 5, "num_speculative_tokens": 2},
+            "speculative_config.model must be a non-empty",
+        ),
+        (
+            {"method": "ngram", "num_speculative_tokens": True},
+            "speculative_config.num_speculative_tokens must be an integer",
+        ),
+        (SpeculativeConfig("ngram", 2, adaptive="yes"), "speculative_config.adaptive must be true or false, got 'yes'"),
+        (SpeculativeConfig("ngram", 2.0), "speculative_config.num_speculative_tokens must be an integer >= 1, got 2.0"),
+    ],
+)
 def test_speculative_config_fields_are_typed(value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         EngineConfig.from_kwargs(speculative_config=value)

@@ -10,11 +10,20 @@ from tests.conftest import random_prompts
 
 @pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 2}], ids=["plain", "ngram"])
 def test_warmup_leaves_the_engine_as_new(tiny_llama, spec):
-    settings = dict(num_kv_blocks=64, block_size=8, max_num_batched_tokens=32, enable_prefix_caching=True,
-                    tpot_target_ms=50, speculative_config=spec)
+    settings = dict(
+        num_kv_blocks=64,
+        block_size=8,
+        max_num_batched_tokens=32,
+        enable_prefix_caching=True,
+        tpot_target_ms=50,
+        speculative_config=spec,
+    )
     prompts = random_prompts([5, 40, 17], seed=2)
-    params = [SamplingParams(max_tokens=8), SamplingParams(max_tokens=8, temperature=0.8, seed=1),
-              SamplingParams(max_tokens=8, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=8),
+        SamplingParams(max_tokens=8, temperature=0.8, seed=1),
+        SamplingParams(max_tokens=8, ignore_eos=True),
+    ]
     fresh = [o.token_ids for o in LLM(tiny_llama[0], **settings).generate(prompts, params)]
     llm = LLM(tiny_llama[0], **settings)
     engine = llm.engine

@@ -30,7 +30,10 @@ model, kind, out = sys.argv[1:]
 folder = RunFolder(os.path.join(os.path.dirname(out), "run"))
 folder.open({})
 settings = dict(num_kv_blocks=256, max_num_seqs=4, device="cpu")  # 4 at a time: a run of many steps
-engine = ReplicaPool(model, 2, **settings) if kind == "replica" else LLMEngine(model, tensor_parallel_size=2, **settings)
+if kind == "replica":
+    engine = ReplicaPool(model, 2, **settings)
+else:
+    engine = LLMEngine(model, tensor_parallel_size=2, **settings)
 victim = engine._procs[1] if kind == "replica" else engine.ranks[0]
 children = [p.pid for p in (engine._procs if kind == "replica" else engine.ranks)]
 issued, answered = [], []
@@ -77,19 +80,26 @@ sys.exit(0)
 
 
 @pytest.mark.parametrize("kind, name", [("replica", "data-parallel replica 1"), ("rank", "tensor-parallel rank 1")])
-def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_answered_once(tiny_llama, tmp_path,
-                                                                                           kind, name):
+def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_answered_once(
+    tiny_llama, tmp_path, kind, name
+):
     out = tmp_path / "answers.json"
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_llama[0]), kind, str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tiny_llama[0]), kind, str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-3000:])
     record = json.loads(out.read_text())
     assert f"error: harness: {name} (pid {record['victim']}" in done.stderr and "the run is abandoned" in done.stderr
     assert record["seconds_after_kill"] < 10
     status = json.loads((tmp_path / "run" / STATUS_FILE).read_text())
     assert status["status"] == "failed" and name in status["reason"], status  # no reader takes it for a result
-    assert sorted(record["answered"]) == sorted(record["issued"]) and len(record["issued"]) == 64, \
+    assert sorted(record["answered"]) == sorted(record["issued"]) and len(record["issued"]) == 64, (
         "a sample lost or answered twice"
+    )
     deadline = time.monotonic() + 10
     while any(map(process_alive, record["children"])) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -23,16 +23,32 @@ llama3_1-8b.Server.min_duration = 1000
 llama3_1-8b.Server.min_query_count = 480
 llama3_1-8b.Server.performance_sample_count_override = 24
 """
-MEASUREMENTS = {"input_data_types": "int32", "retraining": "No", "starting_weights_filename": "random",
-                "weight_data_types": "fp32", "weight_transformations": "none"}
+MEASUREMENTS = {
+    "input_data_types": "int32",
+    "retraining": "No",
+    "starting_weights_filename": "random",
+    "weight_data_types": "fp32",
+    "weight_transformations": "none",
+}
 
 
 def write_system(root, model_dir, dataset, reference):
     system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
-    system.update(division="open", submitter="TestOrg", status="rdi", system_type="datacenter",
-                  saaf_harness={"model": str(model_dir), "datasets": {"llama3.1-8b": str(dataset)},
-                                "accuracy_reference": str(reference), "engine": {"num_kv_blocks": 2048},
-                                "scenarios": ["Offline", "Server"], "model_name": "tiny-llama", "demo": True})
+    system.update(
+        division="open",
+        submitter="TestOrg",
+        status="rdi",
+        system_type="datacenter",
+        saaf_harness={
+            "model": str(model_dir),
+            "datasets": {"llama3.1-8b": str(dataset)},
+            "accuracy_reference": str(reference),
+            "engine": {"num_kv_blocks": 2048},
+            "scenarios": ["Offline", "Server"],
+            "model_name": "tiny-llama",
+            "demo": True,
+        },
+    )
     (root / "systems").mkdir()
     (root / "systems" / "tiny.json").write_text(json.dumps(system))
     for scenario in ("Offline", "Server"):
@@ -53,9 +69,27 @@ def reseal(folder):
 
 def harness_run(root, scenario, mode, *args, **popen):
     """`python -m harness run` for the tiny system under `root`; extra `args` go on its command line."""
-    return subprocess.run([sys.executable, "-m", "harness", "run", "--system", "tiny", "--scenario", scenario,
-                           "--mode", mode, "--root", str(root), *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, **popen)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harness",
+            "run",
+            "--system",
+            "tiny",
+            "--scenario",
+            scenario,
+            "--mode",
+            mode,
+            "--root",
+            str(root),
+            *map(str, args),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        **popen,
+    )
 
 
 def build_chain(tiny_folder, root):
@@ -64,8 +98,20 @@ def build_chain(tiny_folder, root):
     # References are the model's own outputs, so ROUGE is high and a planted low score shows.
     model_dir, _, references, dataset = tiny_model_and_dataset(tiny_folder, root, NUM_SAMPLES, seed=5)
     reference = root / "reference.json"
-    reference.write_text(json.dumps({"scores": {"rouge1": 80.0, "rouge2": 80.0, "rougeL": 80.0, "rougeLsum": 80.0,
-                                                "gen_len": sum(map(len, references))}, "eos_token_ids": [2]}))
+    reference.write_text(
+        json.dumps(
+            {
+                "scores": {
+                    "rouge1": 80.0,
+                    "rouge2": 80.0,
+                    "rougeL": 80.0,
+                    "rougeLsum": 80.0,
+                    "gen_len": sum(map(len, references)),
+                },
+                "eos_token_ids": [2],
+            }
+        )
+    )
     write_system(root, model_dir, dataset, reference)
     verdicts = {}
     for scenario in ("Offline", "Server"):

@@ -50,14 +50,20 @@ class CpuBackend:
         the decoder holds pointers to it. `max_query_len`: the most query rows of a sequence it takes
         (1: decodes only; 1 + k to verify k drafts)."""
         model = self.model
-        if (self.sliced or self.ops is None or model.ops is not self.ops or model.model.embed_tokens.weight.dtype != torch.float32
-                or not CpuDecoder.applies(model)):
+        if (
+            self.sliced
+            or self.ops is None
+            or model.ops is not self.ops
+            or model.model.embed_tokens.weight.dtype != torch.float32
+            or not CpuDecoder.applies(model)
+        ):
             return None
         return CpuDecoder(model, self.lib, max_query_len)
 
 
-def setup_cpu_backend(model: nn.Module, folder: str | Path | None, settings: CpuSettings,
-                      sliced: bool = False) -> CpuBackend:
+def setup_cpu_backend(
+    model: nn.Module, folder: str | Path | None, settings: CpuSettings, sliced: bool = False
+) -> CpuBackend:
     """Ready `model`, just loaded from `folder` onto the CPU: keep freed memory in the heap, compute its
     linears from the folder's GGUF blocks where `settings` ask for it, and pack the rest for oneDNN.
     `sliced`: a tensor-parallel rank's slices of the model (or `folder` None: random weights), for

@@ -30,8 +30,10 @@ LEVEL_FLAGS = {
     "avx512": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"],
 }
 # /proc/cpuinfo flags each level needs (x86-64 only; elsewhere only `portable` is built)
-CPU_FLAGS = {"avx2": {"avx2", "fma", "f16c"}, "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-                                                         "avx512dq", "avx512_vnni"}}
+CPU_FLAGS = {
+    "avx2": {"avx2", "fma", "f16c"},
+    "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"},
+}
 
 
 def _cpu_flags() -> set[str]:
@@ -77,23 +79,44 @@ hold_onednn_to_forced_level()
 
 
 # The instruction-set flags a run record names (x86 "flags", Arm "Features" in /proc/cpuinfo).
-RECORDED_FLAGS = ("sse4_2", "avx", "f16c", "fma", "avx2", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-                  "avx512_vnni", "avx512_bf16", "amx_tile", "asimd", "asimddp", "sve", "sve2")
+RECORDED_FLAGS = (
+    "sse4_2",
+    "avx",
+    "f16c",
+    "fma",
+    "avx2",
+    "avx_vnni",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512dq",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "asimd",
+    "asimddp",
+    "sve",
+    "sve2",
+)
 
 
 def cpu_description() -> str:
     """The CPU, its cores, its SIMD flags and the kernel level the engine takes here, for run records."""
     lines = _cpuinfo_lines()
-    model = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
-                 platform.processor() or platform.machine())
+    model = next(
+        (line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+        platform.processor() or platform.machine(),
+    )
     present = set(next((line.split(":", 1)[1].split() for line in lines if line.startswith(("flags", "Features"))), []))
     flags = " ".join(f for f in RECORDED_FLAGS if f in present) or "unknown"
     lib = library()
     kernels = f"C kernels at the {lib.level} level" if lib is not None else "no C kernels (PyTorch ops only)"
     onednn = os.environ.get("ONEDNN_MAX_CPU_ISA")
     held = f", oneDNN held to {onednn}" if onednn else ""
-    return (f"{model}, {os.cpu_count()} cores ({platform.machine()}; flags {flags}); {kernels}{held} "
-            f"(this CPU runs {runnable_levels()})")
+    return (
+        f"{model}, {os.cpu_count()} cores ({platform.machine()}; flags {flags}); {kernels}{held} "
+        f"(this CPU runs {runnable_levels()})"
+    )
 
 
 def _cpuinfo_lines() -> list[str]:
@@ -118,8 +141,9 @@ def _build(level: str) -> ctypes.CDLL:
             raise RuntimeError("no C compiler (cc) on PATH")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        done = subprocess.run([compiler, *flags, *map(str, SOURCES), "-o", str(tmp), "-lm"], capture_output=True,
-                              text=True)
+        done = subprocess.run(
+            [compiler, *flags, *map(str, SOURCES), "-o", str(tmp), "-lm"], capture_output=True, text=True
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{compiler} failed for the {level} level: {done.stderr.strip()[-500:]}")
         os.replace(tmp, path)
@@ -132,21 +156,61 @@ def _build(level: str) -> ctypes.CDLL:
     lib.q8_0_matmul.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.q4_1_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, i64]
     lib.q8_0_matmul_i16.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64]
-    lib.paged_decode_attention.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, i64, i64, i64,
-                                           ctypes.c_float]
+    lib.paged_decode_attention.argtypes = [
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        ctypes.c_float,
+    ]
     lib.decode_attention_available.argtypes = [i64, i64, i64]
     lib.rms_norm_f32.argtypes = [ptr, ptr, ptr, ptr, ptr, i64, i64, ctypes.c_float]
     lib.rotary_f32.argtypes = [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, i64, i64, i64]
     lib.store_kv_f32.argtypes = [ptr, i64, ptr, i64, ptr, ptr, ptr, i64, i64]
     lib.silu_mul_f32.argtypes = [ptr, ptr, i64, i64]
     lib.exp_nonpositive_f32.argtypes = [ptr, i64]
-    lib.decode_layers.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64,
-                                  ctypes.c_float, ctypes.c_float]
+    lib.decode_layers.argtypes = [
+        ptr,
+        i64,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        ptr,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        i64,
+        ctypes.c_float,
+        ctypes.c_float,
+    ]
     lib.decode_layers.restype = ctypes.c_int
     for fn in ("rms_norm_f32", "rotary_f32", "store_kv_f32", "silu_mul_f32", "exp_nonpositive_f32"):
         getattr(lib, fn).restype = None
-    for fn in ("q4_1_matmul", "q8_0_matmul", "q4_1_matmul_i16", "q8_0_matmul_i16", "paged_decode_attention",
-               "decode_attention_available", "cpu_kernels_level"):
+    for fn in (
+        "q4_1_matmul",
+        "q8_0_matmul",
+        "q4_1_matmul_i16",
+        "q8_0_matmul_i16",
+        "paged_decode_attention",
+        "decode_attention_available",
+        "cpu_kernels_level",
+    ):
         getattr(lib, fn).restype = ctypes.c_int
     lib.level = level
     return lib
@@ -172,4 +236,4 @@ def library(level: str | None = None) -> ctypes.CDLL | None:
     if level is not None:
         return _load(level)
     top = LEVELS.index(selected_level())
-    return next((lib for lib in map(_load, reversed(LEVELS[:top + 1])) if lib is not None), None)
+    return next((lib for lib in map(_load, reversed(LEVELS[: top + 1])) if lib is not None), None)

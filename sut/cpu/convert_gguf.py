@@ -51,9 +51,17 @@ def folder_is_intact(out: Path) -> bool:
 
 
 # GGUF tensor name -> checkpoint name, for the block-quantized tensors of a Llama model.
-GGUF_NAMES = {"token_embd": "model.embed_tokens", "output": "lm_head", "attn_q": "self_attn.q_proj",
-              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+GGUF_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output": "lm_head",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 
 
 def gguf_blocks(gguf: Path, num_heads: int, num_kv_heads: int) -> dict:

@@ -20,8 +20,14 @@ from sut.cpu.quant import BlockQuantLinear
 class LinearBlocks(ctypes.Structure):
     """layer.c's `struct linear`."""
 
-    _fields_ = [("kind", ctypes.c_int), ("codes", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p),
-                ("rows", ctypes.c_long), ("cols", ctypes.c_long)]
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("codes", ctypes.c_void_p),
+        ("d", ctypes.c_void_p),
+        ("m", ctypes.c_void_p),
+        ("rows", ctypes.c_long),
+        ("cols", ctypes.c_long),
+    ]
 
     @staticmethod
     def of(linear: BlockQuantLinear) -> "LinearBlocks":
@@ -34,9 +40,16 @@ class LinearBlocks(ctypes.Structure):
 class LayerWeights(ctypes.Structure):
     """layer.c's `struct layer`."""
 
-    _fields_ = [("qkv", LinearBlocks), ("o", LinearBlocks), ("gate_up", LinearBlocks), ("down", LinearBlocks),
-                ("input_norm", ctypes.c_void_p), ("post_attention_norm", ctypes.c_void_p),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]
+    _fields_ = [
+        ("qkv", LinearBlocks),
+        ("o", LinearBlocks),
+        ("gate_up", LinearBlocks),
+        ("down", LinearBlocks),
+        ("input_norm", ctypes.c_void_p),
+        ("post_attention_norm", ctypes.c_void_p),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
 
 
 def _linears(layer: nn.Module) -> list[nn.Module]:
@@ -52,11 +65,18 @@ class CpuDecoder:
         self.model, self.lib = model, lib
         self.max_query_len = max_query_len
         layers = model.model.layers
-        self.layers = (LayerWeights * len(layers))(*[
-            LayerWeights(*map(LinearBlocks.of, _linears(layer)), layer.input_layernorm.weight.data_ptr(),
-                         layer.post_attention_layernorm.weight.data_ptr(), layer.self_attn.k_cache.data_ptr(),
-                         layer.self_attn.v_cache.data_ptr())
-            for layer in layers])
+        self.layers = (LayerWeights * len(layers))(
+            *[
+                LayerWeights(
+                    *map(LinearBlocks.of, _linears(layer)),
+                    layer.input_layernorm.weight.data_ptr(),
+                    layer.post_attention_layernorm.weight.data_ptr(),
+                    layer.self_attn.k_cache.data_ptr(),
+                    layer.self_attn.v_cache.data_ptr(),
+                )
+                for layer in layers
+            ]
+        )
         self.max_rows = min(linear.block_rows for layer in layers for linear in _linears(layer))
         attn = layers[0].self_attn
         self.shape = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
@@ -67,8 +87,11 @@ class CpuDecoder:
     def applies(model: nn.Module) -> bool:
         """Every layer's linears compute from their blocks, without biases, at one row or more (at
         some levels the exact Q4_1 kernel is slower than oneDNN at any size: quant.py)."""
-        return all(isinstance(linear, BlockQuantLinear) and linear.bias is None and linear.block_rows > 0
-                   for layer in model.model.layers for linear in _linears(layer))
+        return all(
+            isinstance(linear, BlockQuantLinear) and linear.bias is None and linear.block_rows > 0
+            for layer in model.model.layers
+            for linear in _linears(layer)
+        )
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         """The model's hidden states for a step of decodes (or of at most `max_query_len` query rows
@@ -80,8 +103,9 @@ class CpuDecoder:
         if meta.max_query_len > 1 or len(meta.query_lens_host) != n:
             # Each query row as a one-token sequence over its own sequence's blocks, seeing the keys
             # up to its position: decode_layers stores every row's K/V before it attends.
-            row_seq = torch.repeat_interleave(torch.arange(len(meta.query_lens_host)),
-                                              torch.tensor(meta.query_lens_host))
+            row_seq = torch.repeat_interleave(
+                torch.arange(len(meta.query_lens_host)), torch.tensor(meta.query_lens_host)
+            )
             seq_lens, block_tables = (positions + 1).to(torch.int32), block_tables[row_seq].contiguous()
         model = self.model
         x = model.model.embed_tokens(input_ids)
@@ -90,10 +114,26 @@ class CpuDecoder:
         rows = torch.arange(n)  # sequence i's query is row i
         heads, kv_heads, dim = self.shape
         rc = self.lib.decode_layers(
-            self.layers, len(self.layers), x.data_ptr(), out.data_ptr(), residual.data_ptr(), cos.data_ptr(),
-            sin.data_ptr(), meta.slot_mapping.data_ptr(), rows.data_ptr(), seq_lens.data_ptr(),
-            block_tables.data_ptr(), block_tables.shape[1], self.block_size, n, heads, kv_heads, dim,
-            self.eps, self.scale)
+            self.layers,
+            len(self.layers),
+            x.data_ptr(),
+            out.data_ptr(),
+            residual.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            meta.slot_mapping.data_ptr(),
+            rows.data_ptr(),
+            seq_lens.data_ptr(),
+            block_tables.data_ptr(),
+            block_tables.shape[1],
+            self.block_size,
+            n,
+            heads,
+            kv_heads,
+            dim,
+            self.eps,
+            self.scale,
+        )
         if rc:
             raise RuntimeError(f"sut.cpu.layer: decode_layers failed with code {rc}")
         return model.model.norm(out, residual, model.ops)[0]

@@ -37,8 +37,9 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, shape[-1]).contiguous(), self.weight, self.bias,
-                                                 "none", [], "")
+        out = torch.ops.mkldnn._linear_pointwise(
+            x.reshape(-1, shape[-1]).contiguous(), self.weight, self.bias, "none", [], ""
+        )
         return out.view(*shape[:-1], self.out_features)
 
 
@@ -50,13 +51,21 @@ def pack_linears(model: nn.Module) -> int:
     if not onednn_available():
         return 0
     dtypes = packable_dtypes()
-    targets = [(name, m) for name, m in model.named_modules()
-               if isinstance(m, nn.Linear) and m.weight.device.type == "cpu" and m.weight.dtype in dtypes]
-    if not _warned_bf16 and any(isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16 for m in model.modules()) \
-            and torch.bfloat16 not in dtypes:
+    targets = [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear) and m.weight.device.type == "cpu" and m.weight.dtype in dtypes
+    ]
+    if (
+        not _warned_bf16
+        and any(isinstance(m, nn.Linear) and m.weight.dtype == torch.bfloat16 for m in model.modules())
+        and torch.bfloat16 not in dtypes
+    ):
         _warned_bf16 = True
-        warnings.warn("sut.cpu.linear: oneDNN has no bf16 path on this CPU (it needs AVX-512 BW/VL/DQ or "
-                      "AVX-NE-CONVERT); bf16 linears run on torch's own bf16 GEMM, unpacked and slower")
+        warnings.warn(
+            "sut.cpu.linear: oneDNN has no bf16 path on this CPU (it needs AVX-512 BW/VL/DQ or "
+            "AVX-NE-CONVERT); bf16 linears run on torch's own bf16 GEMM, unpacked and slower"
+        )
     for name, linear in targets:
         parent, _, leaf = name.rpartition(".")
         setattr(model.get_submodule(parent), leaf, PackedLinear(linear))

@@ -31,8 +31,9 @@ def rms_norm_c(x, weight, eps, lib):
     if not _rows_contiguous(x, weight):
         return rms_norm_reference(x, weight, eps)
     out = torch.empty_like(x)
-    lib.rms_norm_f32(x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), None, x.numel() // x.shape[-1],
-                     x.shape[-1], eps)
+    lib.rms_norm_f32(
+        x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), None, x.numel() // x.shape[-1], x.shape[-1], eps
+    )
     return out
 
 
@@ -40,8 +41,16 @@ def add_rms_norm_c(x, residual, weight, eps, lib):
     if not _rows_contiguous(x, residual, weight) or x.shape != residual.shape:
         return add_rms_norm_reference(x, residual, weight, eps)
     out, total = torch.empty_like(x), torch.empty_like(x)
-    lib.rms_norm_f32(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), total.data_ptr(),
-                     x.numel() // x.shape[-1], x.shape[-1], eps)
+    lib.rms_norm_f32(
+        x.data_ptr(),
+        residual.data_ptr(),
+        weight.data_ptr(),
+        out.data_ptr(),
+        total.data_ptr(),
+        x.numel() // x.shape[-1],
+        x.shape[-1],
+        eps,
+    )
     return out, total
 
 
@@ -55,17 +64,42 @@ def rotary_c(q, k, cos, sin, lib):
     if not (_heads_contiguous(q) and _heads_contiguous(k) and _rows_contiguous(cos, sin)) or q.shape[2] > 512:
         return rotary_reference(q, k, cos, sin)
     q_out = torch.empty(q.shape, dtype=F32)
-    lib.rotary_f32(q.data_ptr(), q.stride(0), q_out.data_ptr(), k.data_ptr(), k.stride(0), cos.data_ptr(),
-                   sin.data_ptr(), q.shape[0], q.shape[1], k.shape[1], q.shape[2])
+    lib.rotary_f32(
+        q.data_ptr(),
+        q.stride(0),
+        q_out.data_ptr(),
+        k.data_ptr(),
+        k.stride(0),
+        cos.data_ptr(),
+        sin.data_ptr(),
+        q.shape[0],
+        q.shape[1],
+        k.shape[1],
+        q.shape[2],
+    )
     return q_out, k
 
 
 def store_kvcache_c(k, v, k_cache, v_cache, slot_mapping, lib):
-    if not (_heads_contiguous(k) and _heads_contiguous(v) and _rows_contiguous(k_cache, v_cache)
-            and slot_mapping.dtype == torch.int64 and slot_mapping.is_contiguous()):
+    if not (
+        _heads_contiguous(k)
+        and _heads_contiguous(v)
+        and _rows_contiguous(k_cache, v_cache)
+        and slot_mapping.dtype == torch.int64
+        and slot_mapping.is_contiguous()
+    ):
         return store_kvcache_reference(k, v, k_cache, v_cache, slot_mapping)
-    lib.store_kv_f32(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), k_cache.data_ptr(), v_cache.data_ptr(),
-                     slot_mapping.data_ptr(), k.shape[0], k.shape[1] * k.shape[2])
+    lib.store_kv_f32(
+        k.data_ptr(),
+        k.stride(0),
+        v.data_ptr(),
+        v.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        slot_mapping.data_ptr(),
+        k.shape[0],
+        k.shape[1] * k.shape[2],
+    )
 
 
 def silu_and_mul_c(gate_up, lib):
@@ -77,28 +111,50 @@ def silu_and_mul_c(gate_up, lib):
     return out
 
 
-def decode_attention_c(q: torch.Tensor, out: torch.Tensor, group, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                       scale: float, lib) -> None:
+def decode_attention_c(
+    q: torch.Tensor, out: torch.Tensor, group, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, lib
+) -> None:
     """Attention of the single-token queries `q[group.q_rows]` over their sequences' cached K/V,
     written to the same rows of `out` (fp32, contiguous)."""
     _, block_size, kv_heads, dim = k_cache.shape
     rc = lib.paged_decode_attention(
-        q.data_ptr(), out.data_ptr(), group.q_rows.data_ptr(), group.seq_lens.data_ptr(), group.tables.data_ptr(),
-        len(group.q_rows), group.tables.shape[1], k_cache.data_ptr(), v_cache.data_ptr(), block_size, q.shape[1],
-        kv_heads, dim, scale)
+        q.data_ptr(),
+        out.data_ptr(),
+        group.q_rows.data_ptr(),
+        group.seq_lens.data_ptr(),
+        group.tables.data_ptr(),
+        len(group.q_rows),
+        group.tables.shape[1],
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        block_size,
+        q.shape[1],
+        kv_heads,
+        dim,
+        scale,
+    )
     if rc != 0:
         raise RuntimeError(f"sut.cpu.ops: paged_decode_attention failed with code {rc}")
 
 
 def paged_attention_c(q, k, v, k_cache, v_cache, meta, scale, lib):
-    if q.dtype != F32 or not q.is_contiguous() or not lib.decode_attention_available(
-            q.shape[1], k_cache.shape[2], k_cache.shape[3]):
+    if (
+        q.dtype != F32
+        or not q.is_contiguous()
+        or not lib.decode_attention_available(q.shape[1], k_cache.shape[2], k_cache.shape[3])
+    ):
         return paged_attention(q, k, v, k_cache, v_cache, meta, scale)
     return paged_attention(q, k, v, k_cache, v_cache, meta, scale, decode_kernel=partial(decode_attention_c, lib=lib))
 
 
 def c_ops(lib) -> KernelOps:
     """The op set on the C kernels `lib` (sut.cpu.build.library())."""
-    return KernelOps(f"torch+c-{lib.level}", partial(rms_norm_c, lib=lib), partial(add_rms_norm_c, lib=lib),
-                     partial(rotary_c, lib=lib), partial(store_kvcache_c, lib=lib),
-                     partial(paged_attention_c, lib=lib), partial(silu_and_mul_c, lib=lib))
+    return KernelOps(
+        f"torch+c-{lib.level}",
+        partial(rms_norm_c, lib=lib),
+        partial(add_rms_norm_c, lib=lib),
+        partial(rotary_c, lib=lib),
+        partial(store_kvcache_c, lib=lib),
+        partial(paged_attention_c, lib=lib),
+        partial(silu_and_mul_c, lib=lib),
+    )

@@ -39,13 +39,15 @@ BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
 # and format (`python -m sut.step_bench` decode steps at batch 1-16 on 2 cores, with and without
 # blocks; the portable level's from timing each kernel against oneDNN held to SSE4.1, where the
 # exact Q4_1 kernel is slower at any size and the exact Q8_0 one faster up to 32 rows at least).
-BLOCK_ROWS_MAX = {"portable": {"Q4_1": 0, "Q8_0": 32}, "avx2": {"Q4_1": 8, "Q8_0": 8},
-                  "avx512": {"Q4_1": 8, "Q8_0": 8}}
+BLOCK_ROWS_MAX = {"portable": {"Q4_1": 0, "Q8_0": 32}, "avx2": {"Q4_1": 8, "Q8_0": 8}, "avx512": {"Q4_1": 8, "Q8_0": 8}}
 # Up to this many rows the int16 kernels beat both; above, an int16 layer computes exactly, from
 # its blocks up to BLOCK_ROWS_MAX rows and on its dense weights beyond (faster there, and exact).
 # The portable int16 Q8_0 kernel is slower than the exact one at any size.
-INT16_ROWS_MAX = {"portable": {"Q4_1": 4, "Q8_0": 0}, "avx2": {"Q4_1": 16, "Q8_0": 16},
-                  "avx512": {"Q4_1": 1 << 30, "Q8_0": 1 << 30}}
+INT16_ROWS_MAX = {
+    "portable": {"Q4_1": 4, "Q8_0": 0},
+    "avx2": {"Q4_1": 16, "Q8_0": 16},
+    "avx512": {"Q4_1": 1 << 30, "Q8_0": 1 << 30},
+}
 
 
 @dataclass
@@ -96,12 +98,16 @@ class BlockWeights:
             nb, padded = cols // BLOCK, -(-rows // 32) * 32
             codes = torch.zeros(padded, cols, dtype=torch.int16)
             codes[:rows] = self.codes()
-            if self.format == "Q4_1":  # [group, row, block, c, t, h] -> per (group, block, c): [row, h] int16 of 4 nibbles t
+            if (
+                self.format == "Q4_1"
+            ):  # [group, row, block, c, t, h] -> per (group, block, c): [row, h] int16 of 4 nibbles t
                 q = codes.view(-1, 16, nb, 4, 4, 2).permute(0, 2, 3, 1, 5, 4)
                 packed = (q << torch.tensor([0, 4, 8, 12], dtype=torch.int16)).sum(-1, dtype=torch.int16)
                 packed = packed.contiguous().view(torch.uint8)
             else:  # [group, row, block, j, h] -> per (group, block, j): [row, h] int8
-                packed = codes.view(-1, 16, nb, 16, 2).permute(0, 2, 3, 1, 4).to(torch.int8).contiguous().view(torch.uint8)
+                packed = (
+                    codes.view(-1, 16, nb, 16, 2).permute(0, 2, 3, 1, 4).to(torch.int8).contiguous().view(torch.uint8)
+                )
 
             def per_group(t: torch.Tensor) -> torch.Tensor:
                 out = torch.zeros(padded, nb)
@@ -119,8 +125,9 @@ class BlockWeights:
         y = torch.empty(x.shape[0], rows)
         lib = lib or library()
         if self.format == "Q4_1":
-            rc = lib.q4_1_matmul_i16(x.data_ptr(), codes.data_ptr(), d.data_ptr(), m.data_ptr(), y.data_ptr(),
-                                     x.shape[0], rows, cols)
+            rc = lib.q4_1_matmul_i16(
+                x.data_ptr(), codes.data_ptr(), d.data_ptr(), m.data_ptr(), y.data_ptr(), x.shape[0], rows, cols
+            )
         else:
             rc = lib.q8_0_matmul_i16(x.data_ptr(), codes.data_ptr(), d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
         if rc != 0:
@@ -133,10 +140,20 @@ class BlockWeights:
         y = torch.empty(x.shape[0], rows)
         lib = lib or library()
         if self.format == "Q4_1":
-            rc = lib.q4_1_matmul(x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), self.m.data_ptr(), y.data_ptr(),
-                                 x.shape[0], rows, cols)
+            rc = lib.q4_1_matmul(
+                x.data_ptr(),
+                self.qs.data_ptr(),
+                self.d.data_ptr(),
+                self.m.data_ptr(),
+                y.data_ptr(),
+                x.shape[0],
+                rows,
+                cols,
+            )
         else:
-            rc = lib.q8_0_matmul(x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols)
+            rc = lib.q8_0_matmul(
+                x.data_ptr(), self.qs.data_ptr(), self.d.data_ptr(), y.data_ptr(), x.shape[0], rows, cols
+            )
         if rc != 0:
             raise RuntimeError(f"sut.cpu.quant: {self.format} kernel failed with code {rc}")
         return y
@@ -201,8 +218,11 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path, int16: bool = False
         return 0
     from safetensors import SafetensorError, safe_open  # here: sut imports with torch and numpy alone (gpu_check)
 
-    targets = [(name, m) for name, m in model.named_modules()
-               if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32]
+    targets = [
+        (name, m)
+        for name, m in model.named_modules()
+        if type(m) in (nn.Linear, FusedLinear) and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
+    ]
     checkpoint_names = _checkpoint_names(model)
     try:
         with safe_open(path, framework="pt") as f:
@@ -218,12 +238,16 @@ def attach_gguf_blocks(model: nn.Module, folder: str | Path, int16: bool = False
                     raise CheckpointError(f"{path}: tensor {names[0]} has unknown block format {fmt!r}")
                 raw = torch.cat([f.get_tensor(n) for n in names])
                 if raw.dtype != torch.uint8 or raw.dim() != 3 or raw.shape[2] != BLOCK_BYTES[fmt]:
-                    raise CheckpointError(f"{path}: tensor {names[0]} is not uint8 [rows, blocks, {BLOCK_BYTES[fmt]}] "
-                                          f"{fmt} blocks (got {raw.dtype} {list(raw.shape)})")
+                    raise CheckpointError(
+                        f"{path}: tensor {names[0]} is not uint8 [rows, blocks, {BLOCK_BYTES[fmt]}] "
+                        f"{fmt} blocks (got {raw.dtype} {list(raw.shape)})"
+                    )
                 blocks = BlockWeights.from_raw(raw, fmt)
                 if blocks.shape != tuple(linear.weight.shape) or not torch.equal(blocks.dequantize(), linear.weight):
-                    raise CheckpointError(f"{path}: the {fmt} blocks of {', '.join(names)} do not rebuild the "
-                                          f"checkpoint's fp32 weights exactly; reconvert the model folder")
+                    raise CheckpointError(
+                        f"{path}: the {fmt} blocks of {', '.join(names)} do not rebuild the "
+                        f"checkpoint's fp32 weights exactly; reconvert the model folder"
+                    )
                 parent, _, leaf = name.rpartition(".")
                 setattr(model.get_submodule(parent), leaf, BlockQuantLinear(linear, blocks, int16))
                 count += 1
@@ -239,8 +263,11 @@ def write_gguf_blocks(tensors: dict[str, tuple[torch.Tensor, str]], folder: Path
 
     path = Path(folder) / GGUF_BLOCKS_FILE
     path.parent.mkdir(exist_ok=True)
-    save_file({n: raw.contiguous() for n, (raw, _) in tensors.items()}, str(path),
-              metadata={"formats": json.dumps({n: fmt for n, (_, fmt) in tensors.items()})})
+    save_file(
+        {n: raw.contiguous() for n, (raw, _) in tensors.items()},
+        str(path),
+        metadata={"formats": json.dumps({n: fmt for n, (_, fmt) in tensors.items()})},
+    )
 
 
 def copy_blocks_of(target: Path, out: Path, keep) -> None:

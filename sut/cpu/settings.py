@@ -33,6 +33,8 @@ class CpuSettings:
                 raise ConfigError(f"engine setting cpu.{name} must be true or false, got {value[name]!r}")
         settings = CpuSettings(**value)
         if settings.int16_activations and not settings.quantized_weights:
-            raise ConfigError("engine setting cpu.int16_activations needs cpu.quantized_weights "
-                              "(it computes from the quantized weights)")
+            raise ConfigError(
+                "engine setting cpu.int16_activations needs cpu.quantized_weights "
+                "(it computes from the quantized weights)"
+            )
         return settings
