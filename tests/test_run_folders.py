@@ -21,7 +21,7 @@ from compliance.package import PackagingError, package
 from compliance.run_folder import STATUS_FILE
 from systems.schema import REPO
 from tests.conftest import process_alive
-from tests.tiny_system import NUM_SAMPLES, harness_run, reseal
+from tests.tiny_system import NUM_SAMPLES, harness_command, harness_run, reseal, start_run
 
 LOGS = "build/logs/tiny/llama3.1-8b"
 
@@ -43,32 +43,6 @@ def one_error_line(done) -> str:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, done.stderr[-3000:]
     return errors[0]
-
-
-def start_run(root, scenario, mode, *args):
-    """A `harness run` in the background, in its own process group (as a terminal runs a command)."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "--system",
-            "tiny",
-            "--scenario",
-            scenario,
-            "--mode",
-            mode,
-            "--root",
-            str(root),
-            *map(str, args),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
-        start_new_session=True,
-    )
 
 
 def wait_for_loadgen(proc, folder, timeout=120):
@@ -274,26 +248,8 @@ main()
 
 def test_a_failed_request_fails_the_run_and_the_packager_refuses_it(root, tmp_path):
     performance = root / LOGS / "Offline" / "performance"
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            FAIL_A_STEP,
-            "run",
-            "--system",
-            "tiny",
-            "--scenario",
-            "Offline",
-            "--mode",
-            "performance",
-            "--root",
-            str(root),
-            "--no-warmup",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    command = harness_command(root, "Offline", "performance", "--no-warmup")
+    done = subprocess.run([sys.executable, "-c", FAIL_A_STEP, *command[3:]], capture_output=True, text=True, cwd=REPO)
     assert done.returncode == 1, done.stderr[-2000:]
     verdict = done.stdout.strip().splitlines()[-1]
     assert re.match(

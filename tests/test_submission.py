@@ -8,8 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +18,7 @@ from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
 from systems.schema import REPO
 from tests.conftest import process_alive
-from tests.tiny_system import NUM_SAMPLES, USER_CONF, reseal
+from tests.tiny_system import NUM_SAMPLES, USER_CONF, harness_run, reseal, start_run
 
 
 def test_cli_runs_are_valid_and_accurate(chain):
@@ -395,25 +393,7 @@ def test_a_speculating_run_records_its_metrics_and_the_tree_names_the_proposer(c
     # work around it), so it serves a lower rate within the latency limits.
     conf = copy_root / "measurements/tiny/llama3.1-8b/Server/user.conf"
     conf.write_text(conf.read_text().replace("Server.target_qps = 100", "Server.target_qps = 40"))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "--system",
-            "tiny",
-            "--scenario",
-            "Server",
-            "--mode",
-            "performance",
-            "--root",
-            str(copy_root),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    done = harness_run(copy_root, "Server", "performance")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "speculation (n-gram prompt lookup (k=3" in done.stdout
     logs = copy_root / "build/logs/tiny/llama3.1-8b/Server/performance"
@@ -443,29 +423,7 @@ def _replica_pids(pid: int) -> list[int]:
 
 def test_two_replicas_from_the_cli_answer_each_sample_once(chain, tmp_path):
     root, _, _ = chain
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "--system",
-            "tiny",
-            "--scenario",
-            "Offline",
-            "--mode",
-            "accuracy",
-            "--root",
-            str(root),
-            "--log-dir",
-            str(tmp_path),
-            "--engine",
-            '{"data_parallel_size": 2}',
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-    )
+    done = harness_run(root, "Offline", "accuracy", "--log-dir", tmp_path, "--engine", '{"data_parallel_size": 2}')
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1].startswith("Offline accuracy: PASS"), done.stdout
     entries = json.loads((tmp_path / "mlperf_log_accuracy.json").read_text())
@@ -480,31 +438,8 @@ def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(ch
         "llama3_1-8b.Server.min_query_count = 100\n"
     )
     logs = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "--system",
-            "tiny",
-            "--scenario",
-            "Server",
-            "--mode",
-            "performance",
-            "--root",
-            str(root),
-            "--log-dir",
-            str(logs),
-            "--user-conf",
-            str(conf),
-            "--engine",
-            '{"data_parallel_size": 2}',
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO,
+    proc = start_run(
+        root, "Server", "performance", "--log-dir", logs, "--user-conf", conf, "--engine", '{"data_parallel_size": 2}'
     )
     try:
         replicas, deadline = [], time.monotonic() + 120
@@ -539,29 +474,8 @@ def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rat
     logs = tmp_path / "Offline"
 
     def run(user_conf):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "harness",
-                "run",
-                "--system",
-                "tiny",
-                "--scenario",
-                "Offline",
-                "--mode",
-                "performance",
-                "--root",
-                str(root),
-                "--user-conf",
-                str(user_conf),
-                "--log-dir",
-                str(logs / "performance"),
-                "--no-warmup",
-            ],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
+        done = harness_run(
+            root, "Offline", "performance", "--user-conf", user_conf, "--log-dir", logs / "performance", "--no-warmup"
         )
         assert done.returncode == 0, done.stderr[-2000:]
         return read_detail_log(logs / "performance" / "mlperf_log_detail.txt")[0]

@@ -67,28 +67,26 @@ def reseal(folder):
     (folder / STATUS_FILE).write_text(json.dumps(status))
 
 
-def harness_run(root, scenario, mode, *args, **popen):
+def harness_command(root, scenario, mode, *args) -> list[str]:
     """`python -m harness run` for the tiny system under `root`; extra `args` go on its command line."""
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "--system",
-            "tiny",
-            "--scenario",
-            scenario,
-            "--mode",
-            mode,
-            "--root",
-            str(root),
-            *map(str, args),
-        ],
-        capture_output=True,
+    command = ["-m", "harness", "run", "--system", "tiny", "--scenario", scenario, "--mode", mode, "--root", root]
+    return [sys.executable, *map(str, command), *map(str, args)]
+
+
+def harness_run(root, scenario, mode, *args):
+    """That command run to its end."""
+    return subprocess.run(harness_command(root, scenario, mode, *args), capture_output=True, text=True, cwd=REPO)
+
+
+def start_run(root, scenario, mode, *args):
+    """That command in the background, in its own process group (as a terminal runs a command)."""
+    return subprocess.Popen(
+        harness_command(root, scenario, mode, *args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        **popen,
+        start_new_session=True,
     )
 
 
