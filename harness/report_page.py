@@ -12,9 +12,6 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from harness.report import QUALITY_METRICS, QUALITY_TARGET  # noqa: E402
-from harness.report import __doc__ as METHOD
-
 # Engine settings shown as the runs' limits where they are set.
 LIMITS = (
     "max_num_seqs",
@@ -86,7 +83,7 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
             "$ / M output",
             "rouge1 (change)",
             "rougeL (change)",
-            f">= {QUALITY_TARGET:.0%} of first",
+            f">= {report['quality_target']:.0%} of first",
         ],
         [
             [
@@ -137,9 +134,13 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
         (
             "quality",
             "Quality of each run's own responses",
-            ["configuration", *QUALITY_METRICS, "tokens per sample"],
+            ["configuration", *report["quality_metrics"], "tokens per sample"],
             [
-                [f["label"], *(_quality(f, m) for m in QUALITY_METRICS), _num(f["quality"].get("tokens_per_sample"))]
+                [
+                    f["label"],
+                    *(_quality(f, m) for m in report["quality_metrics"]),
+                    _num(f["quality"].get("tokens_per_sample")),
+                ]
                 for f in ablation
             ],
         )
@@ -297,10 +298,10 @@ def plots(report: dict) -> dict[str, bytes]:
         ax.scatter(f["tokens_per_s"], f["quality"]["rouge1"], label=f["label"])
     if scored:
         ax.axhline(
-            QUALITY_TARGET * scored[0]["quality"]["rouge1"],
+            report["quality_target"] * scored[0]["quality"]["rouge1"],
             color="gray",
             linestyle="--",
-            label=f"{QUALITY_TARGET:.0%} of {scored[0]['label']}",
+            label=f"{report['quality_target']:.0%} of {scored[0]['label']}",
         )
     _axis(ax, "throughput (tokens/s)", "rouge1", "Quality against speed")
     ax.legend(fontsize=7)
@@ -316,11 +317,6 @@ def _png(fig) -> bytes:
     return buffer.getvalue()
 
 
-def method_text() -> str:
-    """harness/report.py's account of where each figure comes from."""
-    return METHOD.split("Where each figure comes from (the page says it too):\n", 1)[1].strip()
-
-
 def write_page(report: dict, out: Path) -> None:
     images = plots(report)
     for name, data in images.items():
@@ -328,7 +324,7 @@ def write_page(report: dict, out: Path) -> None:
     title = "Saaf Infer measurement report"
     md = [f"# {title}", ""]
     md += [f"- **{k}**: {v}" for k, v in conditions(report)]
-    md += ["", "## How each figure is computed", "", method_text(), ""]
+    md += ["", "## How each figure is computed", "", report["method"], ""]
     md += [f"- note: {n}" for n in report["notes"]]
     for _, caption, header, rows in tables(report):
         md += ["", f"## {caption}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -339,7 +335,7 @@ def write_page(report: dict, out: Path) -> None:
     e = html.escape
     body = [f"<h1>{e(title)}</h1>", "<table class='conditions'>"]
     body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in conditions(report)]
-    body += ["</table>", "<h2>How each figure is computed</h2>", f"<pre>{e(method_text())}</pre>"]
+    body += ["</table>", "<h2>How each figure is computed</h2>", f"<pre>{e(report['method'])}</pre>"]
     body += [f"<p class='note'>{e(n)}</p>" for n in report["notes"]]
     for table_id, caption, header, rows in tables(report):
         body += [

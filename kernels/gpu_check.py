@@ -2,15 +2,15 @@
 reference (the rejection sampler's token ids exactly), measure the card's copy bandwidth and dense
 bf16 GEMM rate, then benchmark decode attention (batch 1..256, context 512..8192: GB/s of K/V read
 against the measured bandwidth, and against torch's scaled_dot_product_attention on the same data
-laid out contiguously), prefill attention (TFLOP/s against the measured GEMM rate) and the engine's
-own steps on a Llama-3.1-8B-shaped model with random weights (sut/gpu_bench.py: decode at batch 1,
-32, 128, 256 and a mixed step, eager and from CUDA graphs, against the weight-plus-KV roofline).
-Writes results.json and results.md to --out. Without a GPU it says so and exits 0.
+laid out contiguously) and prefill attention (TFLOP/s against the measured GEMM rate). Writes
+results.json and results.md to --out. Without a GPU it says so and exits 0.
 
-    python3 -m kernels.gpu_check --out build/gpu-check
+    python3 -m kernels.gpu_check --out build/gpu-check      # the kernels alone
+    python3 -m sut.bench.gpu_check --out build/gpu-check    # these, then the engine's steps (make gpu-check)
 
 It needs torch, Triton and numpy alone (any recent versions; nothing else from requirements.txt),
-so it runs on a lent GPU machine as it is, with no network and no `make setup`.
+so it runs on a lent GPU machine as it is, with no network and no `make setup`. It imports nothing
+of ours outside kernels/: the engine's half (sut/bench/gpu_check.py) builds on this one.
 """
 
 import argparse
@@ -348,71 +348,6 @@ def bench_prefill(device, peak_tflops) -> list[dict]:
     return rows
 
 
-# The engine's steps on Llama-3.1-8B's shape (sut/gpu_bench.py): decodes over ~1k-token contexts,
-# and one mixed step of a 2048-token prefill chunk beside 256 decodes.
-ENGINE_BATCHES = [1, 32, 128, 256]
-ENGINE_CONTEXT = 1024
-ENGINE_MIXED = (256, 2048)
-
-
-def bench_engine(device, peak_gbps) -> list[dict]:
-    """Each step eager and from CUDA graphs (the mixed step runs eagerly either way)."""
-    from sut.gpu_bench import LLAMA_31_8B, StepBench  # gpu_check's one use of the engine
-
-    decodes, prefill = ENGINE_MIXED
-    max_tokens = max(ENGINE_BATCHES) * ENGINE_CONTEXT + 2 * prefill
-    print("  engine steps: a Llama-3.1-8B-shaped model with random bf16 weights, capturing CUDA graphs", flush=True)
-    bench = StepBench(
-        LLAMA_31_8B,
-        device,
-        max_num_seqs=max(ENGINE_BATCHES),
-        max_model_len=2 * prefill,
-        max_tokens=max_tokens,
-        cuda_graphs=True,
-    )
-    graphs = bench.runner.graphs
-    rows = []
-    for mode in ("eager", "CUDA graphs"):
-        bench.runner.graphs = graphs if mode == "CUDA graphs" else None
-        for batch in ENGINE_BATCHES:
-            print(f"  engine decode step, batch {batch}, {mode}", flush=True)
-            rows.append(bench.measure(batch, ENGINE_CONTEXT))
-        if mode == "eager":
-            print(f"  engine mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
-            rows.append(bench.measure(decodes, ENGINE_CONTEXT, prefill=prefill))
-    for row in rows:
-        row["weight_bytes"] = bench.weight_bytes
-        row["peak_ratio"] = row["gbps"] / peak_gbps if peak_gbps else None
-        row["host_share"] = row["host_ms"] / row["gpu_ms"]
-    del bench, graphs
-    torch.cuda.empty_cache()
-    return rows
-
-
-def check_tensor_parallel() -> dict:
-    """TP=2 against one process on two of the GPUs (sut/gpu_bench.py: a two-layer model of
-    Llama-3.1-8B's width, fp32, random weights), where there is more than one GPU."""
-    count = torch.cuda.device_count()
-    if count < 2:
-        print(f"  tensor parallel: {count} GPU here, so no TP=2 check", flush=True)
-        return dict(skipped=f"{count} GPU")
-    from sut.gpu_bench import LLAMA_31_8B, tensor_parallel_check
-
-    try:
-        result = tensor_parallel_check({**LLAMA_31_8B, "num_hidden_layers": 2, "dtype": "float32"}, "cuda")
-    except Exception as e:  # noqa: BLE001 - reported in the results
-        return dict(ok=False, error=f"{type(e).__name__}: {e}")
-    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(
-        1.0, result["logit_scale"]
-    )
-    print(
-        f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
-        f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})",
-        flush=True,
-    )
-    return result
-
-
 def _pct(x):
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -429,7 +364,7 @@ def targets(results: dict) -> list[str]:
     lines = []
 
     def goal(what, rows, key, bar, best=min):
-        rows = [r for r in rows if r.get(key) is not None]
+        rows = [r for r in rows if r is not None and r.get(key) is not None]
         if rows:
             met = sum(r[key] >= bar if key != "host_share" else r[key] < bar for r in rows)
             lines.append(
@@ -488,19 +423,23 @@ def markdown(results: dict) -> str:
         for r in rows:
             if not r["ok"]:
                 lines.append(f"\nFAILED {name}: {r['case']} {r['dtype']}: {r['error']}")
-    tp = results.get("tensor_parallel", {})
-    lines += [
-        "",
-        "Tensor parallel (TP=2 against one process, random two-layer model of the 8B width, fp32): "
-        + (
-            f"not run: {tp['skipped']}"
-            if "skipped" in tp
-            else f"FAILED: {tp['error']}"
-            if "error" in tp
-            else f"{'PASS' if tp['ok'] else 'FAIL'}, largest logit difference {tp['max_abs_logit_diff']:.2e} of "
-            f"{tp['logit_scale']:.2f}, greedy tokens {'agree' if tp['greedy_tokens_agree'] else 'differ'}"
-        ),
-    ]
+    tp = results.get("tensor_parallel")
+    lines += (
+        []
+        if tp is None
+        else [
+            "",
+            "Tensor parallel (TP=2 against one process, random two-layer model of the 8B width, fp32): "
+            + (
+                f"not run: {tp['skipped']}"
+                if "skipped" in tp
+                else f"FAILED: {tp['error']}"
+                if "error" in tp
+                else f"{'PASS' if tp['ok'] else 'FAIL'}, largest logit difference {tp['max_abs_logit_diff']:.2e} of "
+                f"{tp['logit_scale']:.2f}, greedy tokens {'agree' if tp['greedy_tokens_agree'] else 'differ'}"
+            ),
+        ]
+    )
     lines += [
         "",
         "## Decode attention (bf16, 32 q heads / 8 KV heads, head_dim 128, block size 16)",
@@ -525,15 +464,19 @@ def markdown(results: dict) -> str:
             f"| {r['case']} | {r['tokens']} | {r['ms']:.3f} | {r['tflops']:.0f} | {_pct(r['peak_ratio'])} | "
             f"{_num(r['sdpa_ms'], '.3f')} | {_num(r['speedup_vs_sdpa'], '.2f', 'x')} |"
         )
-    lines += [
-        "",
-        "## Engine steps (Llama-3.1-8B shape, random bf16 weights, block size 16; sut/gpu_bench.py)",
-        "",
-        "Roofline: the weights (the embedding's rows aside) plus every context's K/V read once a step.",
-        "",
-        "| step | mode | GPU ms | host ms | host / GPU | tokens/s | GB/s read | of measured bandwidth |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+    lines += (
+        []
+        if "engine" not in results
+        else [
+            "",
+            "## Engine steps (Llama-3.1-8B shape, random bf16 weights, block size 16; sut/bench/gpu_steps.py)",
+            "",
+            "Roofline: the weights (the embedding's rows aside) plus every context's K/V read once a step.",
+            "",
+            "| step | mode | GPU ms | host ms | host / GPU | tokens/s | GB/s read | of measured bandwidth |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+    )
     for r in results.get("engine", []):
         step = f"{r['decodes']} decodes x {r['context']}" + (f" + {r['prefill']} prefill" if r["prefill"] else "")
         lines.append(
@@ -544,16 +487,16 @@ def markdown(results: dict) -> str:
     return "\n".join(lines + [""] + targets(results)) + "\n"
 
 
-def main(argv=None) -> int:
+def arguments(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="build/gpu-check", help="folder for results.json and results.md")
     parser.add_argument("--skip-bench", action="store_true", help="correctness checks only")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
-        return 0
-    start = time.time()
-    device = torch.device("cuda")
+    return parser.parse_args(argv)
+
+
+def run_kernels(device, skip_bench: bool) -> dict:
+    """The kernels' checks against their references, then (unless `skip_bench`) the measured peaks
+    and the attention benchmarks: the results, as results.json holds them."""
     name = torch.cuda.get_device_name(device)
     peak_gbps, peak_tflops = peaks(name)
     import triton
@@ -574,7 +517,6 @@ def main(argv=None) -> int:
         checks={},
         decode=[],
         prefill=[],
-        engine=[],
     )
     for what, run, _ in CHECKS:
         t = time.time()
@@ -582,19 +524,17 @@ def main(argv=None) -> int:
         results["checks"][what] = rows
         failed = sum(not r["ok"] for r in rows)
         print(f"  {what}: {len(rows) - failed}/{len(rows)} cases match the reference ({time.time() - t:.0f} s)")
-    results["tensor_parallel"] = check_tensor_parallel()
-    if not args.skip_bench:
+    if not skip_bench:
         gbps, tflops = results["measured_gbps"], results["measured_tflops"] = measure_peaks(device)
         print(f"  measured: copy {gbps:.0f} GB/s, dense bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
         results["decode"] = bench_decode(device, gbps)
         results["prefill"] = bench_prefill(device, tflops)
-        try:
-            results["engine"] = bench_engine(device, gbps)
-        except Exception as e:  # noqa: BLE001 - the kernels' results still get written
-            results["engine_error"] = f"{type(e).__name__}: {e}"
-            print(f"  engine steps FAILED: {results['engine_error']}", flush=True)
+    return results
+
+
+def write_results(results: dict, out: Path, start: float) -> int:
+    """results.json and results.md under `out`; prints the page and the verdict; the exit status."""
     results["elapsed_s"] = time.time() - start
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     (out / "results.md").write_text(markdown(results))
@@ -602,13 +542,23 @@ def main(argv=None) -> int:
     failed = (
         sum(not r["ok"] for rows in results["checks"].values() for r in rows)
         + ("engine_error" in results)
-        + (results["tensor_parallel"].get("ok") is False)
+        + (results.get("tensor_parallel", {}).get("ok") is False)
     )
     print(
         f"gpu-check: {'FAIL' if failed else 'PASS'}: {failed} failed case(s); results in {out}/results.md "
         f"({results['elapsed_s']:.0f} s)"
     )
     return 1 if failed else 0
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
+        return 0
+    start = time.time()
+    results = run_kernels(torch.device("cuda"), args.skip_bench)
+    return write_results(results, Path(args.out), start)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Rotary position embedding of queries and keys, rotate-half layout (as Hugging Face's Llama).
 
-The cos/sin rows come from the model's table (sut/model.py computes it once in fp32, including
+The cos/sin rows come from the model's table (sut/model/llama.py computes it once in fp32, including
 Llama 3.1's rope scaling, and casts the rows of a step to the model dtype), so any scaling scheme
 is a property of the table, not of this op."""
 

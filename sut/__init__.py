@@ -6,10 +6,12 @@ CPU backend lives in sut/cpu/."""
 import torch
 
 from sut.cpu.build import cpu_description
-from sut.engine import LLMEngine, RequestOutput
+from sut.engine.client import EngineClient, make_engine
+from sut.engine.llm import LLM
+from sut.engine.llm_engine import LLMEngine
+from sut.engine.replicas import ReplicaPool
 from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, UnsupportedModelError, WorkerError
-from sut.llm import LLM
-from sut.replicas import ReplicaPool, make_engine
+from sut.outputs import RequestOutput
 from sut.sampling_params import SamplingParams
 
 
@@ -25,6 +27,7 @@ def machine_description() -> str:
 __all__ = [
     "LLM",
     "LLMEngine",
+    "EngineClient",
     "RequestOutput",
     "SamplingParams",
     "SaafError",

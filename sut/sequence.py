@@ -1,6 +1,6 @@
 """A request's life in the engine: its tokens, how many of them are in the KV cache, its blocks.
 
-The scheduler alone changes this state (sut/scheduler.py): it admits, preempts and finishes, and
+The scheduler alone changes this state (sut/engine/scheduler.py): it admits, preempts and finishes, and
 after each step `update_from_output` advances the computed tokens and appends the sampled ones.
 """
 

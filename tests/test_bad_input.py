@@ -11,7 +11,7 @@ import pytest
 
 from sut import LLM, CheckpointError, ConfigError, InvalidRequestError, LLMEngine, SamplingParams, UnsupportedModelError
 from sut.errors import WorkerError
-from tests.conftest import random_prompts
+from tests.helpers import random_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -200,7 +200,7 @@ def test_a_stop_token_outside_the_vocabulary_is_refused_up_front(tiny_llama):
 def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
     """A fault inside a step gives the requests in flight error outputs (one that finished before it
     keeps its own), in input order; the next call on the same LLM is answered as a fresh one's."""
-    import sut.engine
+    import sut.engine.llm_engine
 
     llm = LLM(tiny_llama[0], num_kv_blocks=64)
     prompts = random_prompts([6, 13, 4])
@@ -209,7 +209,7 @@ def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
         SamplingParams(max_tokens=2, ignore_eos=True),
         SamplingParams(max_tokens=10, ignore_eos=True),
     ]
-    sample, calls = sut.engine.sample, []
+    sample, calls = sut.engine.llm_engine.sample, []
 
     def sample_failing_at_the_fourth(*args):
         calls.append(1)
@@ -217,13 +217,13 @@ def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
             raise RuntimeError("injected fault")
         return sample(*args)
 
-    monkeypatch.setattr(sut.engine, "sample", sample_failing_at_the_fourth)
+    monkeypatch.setattr(sut.engine.llm_engine, "sample", sample_failing_at_the_fourth)
     outputs = llm.generate(prompts, params)
     assert [o.finish_reason for o in outputs] == ["error", "length", "error"]
     assert outputs[0].error == "engine step failed: RuntimeError('injected fault')" == outputs[2].error
     assert len(outputs[1].token_ids) == 2
     assert not llm.engine.has_unfinished() and llm.engine.block_manager.num_free_blocks == 64
-    monkeypatch.setattr(sut.engine, "sample", sample)
+    monkeypatch.setattr(sut.engine.llm_engine, "sample", sample)
     fresh = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts, params)
     again = llm.generate(prompts, params)
     assert [o.token_ids for o in again] == [o.token_ids for o in fresh]
@@ -325,9 +325,9 @@ def test_requests_from_another_thread(tiny_llama):
 @pytest.mark.parametrize(
     "command",
     [
-        ["sut.bench", "--model", "MISSING", "--skip-hf"],
-        ["sut.step_bench", "--model", "MISSING"],
-        ["sut.step_bench", "--model", "TINY", "--int16", "--no-quantized-weights"],
+        ["sut.bench.throughput", "--model", "MISSING", "--skip-hf"],
+        ["sut.bench.steps", "--model", "MISSING"],
+        ["sut.bench.steps", "--model", "TINY", "--int16", "--no-quantized-weights"],
     ],
 )
 def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
@@ -357,8 +357,8 @@ def test_logits_that_are_nan_or_inf_fail_the_request(tiny_llama, tmp_path):
     """A norm weight far out of range (finite: NaN and inf in a weight are refused at load) overflows
     the attention scores, and the logits come out NaN: the requests fail by name, rather than every
     output being token 0 (argmax of NaN); greedy and sampled rows alike (multinomial refuses NaN)."""
-    from sut.sampler import NONFINITE_LOGITS
-    from tests.conftest import hf_greedy
+    from sut.sample.sampler import NONFINITE_LOGITS
+    from tests.helpers import hf_greedy
 
     folder = copy_model(tiny_llama, tmp_path)
     plant(folder, "model.layers.0.input_layernorm.weight", 3e38)
@@ -384,7 +384,7 @@ class RepeatProposer:
 def test_a_row_of_bad_logits_fails_its_sequence_alone(tiny_llama, monkeypatch, speculate):
     """One sequence's logits turn NaN mid-decode (with speculation in its last row of several); it
     fails, and the others in the batch go on to the outputs they get without it."""
-    from sut.sampler import NONFINITE_LOGITS
+    from sut.sample.sampler import NONFINITE_LOGITS
 
     params = {
         "bad": SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.8, seed=1),
@@ -431,7 +431,7 @@ def test_a_row_of_bad_logits_fails_its_sequence_alone(tiny_llama, monkeypatch, s
 
 
 def write_sums(folder: Path) -> None:
-    from sut.checksums import sha256_of
+    from sut.model.checksums import sha256_of
 
     (folder / "SHA256SUMS").write_text(
         "".join(

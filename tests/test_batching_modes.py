@@ -1,11 +1,11 @@
-"""The batching the report's ablation takes away features with (sut/scheduler.py): static batching
+"""The batching the report's ablation takes away features with (sut/engine/scheduler.py): static batching
 as the MLPerf reference SUTs do it, and continuous batching without chunked prefill. Both give the
 same greedy tokens as the default engine; what differs is which step computes what."""
 
 import pytest
 
 from sut import ConfigError, LLMEngine, SamplingParams
-from tests.conftest import random_prompts
+from tests.helpers import random_prompts
 
 BASE = dict(device="cpu", kernels="torch", num_kv_blocks=128, block_size=8, max_model_len=128)
 

@@ -3,7 +3,7 @@ reference counts are right with shared prefixes (the scheduler's use of it: test
 
 import pytest
 
-from sut.block_manager import BlockManager
+from sut.engine.block_manager import BlockManager
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 
 import pytest
-from conftest import random_prompts
 
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
 from harness.calibrate import (
@@ -27,6 +26,7 @@ from harness.calibrate import (
 from harness.config import check_user_conf
 from sut import LLMEngine, SamplingParams
 from systems.schema import REPO
+from tests.helpers import random_prompts
 
 PARAMS = SamplingParams(max_tokens=12, min_tokens=1)
 SERVER_CONF = (

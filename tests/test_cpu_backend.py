@@ -11,9 +11,9 @@ import pytest
 
 from harness.config import System
 from sut.config import EngineConfig
-from sut.cpu.convert_gguf import DONE_MARKER, folder_is_intact, sha256_of
 from sut.cpu.quant import GGUF_BLOCKS_FILE
 from sut.errors import CheckpointError
+from sut.tools.convert_gguf import DONE_MARKER, folder_is_intact, sha256_of
 
 SUT = Path(__file__).resolve().parents[1] / "sut"
 CPU_WORDS = re.compile(r"gguf|glibc|mallopt|onednn|mkldnn", re.IGNORECASE)

@@ -3,12 +3,12 @@ SAAF_CPU_ISA forces a lower one, a level the CPU lacks or an unknown name is ref
 every level this CPU runs builds and says it is that level."""
 
 import pytest
-from conftest import LEVELS as RUNNABLE
 
 from sut import machine_description
 from sut.cpu import build
 from sut.cpu.build import LEVELS, library, runnable_levels, selected_level
 from sut.errors import ConfigError
+from tests.helpers import LEVELS as RUNNABLE
 
 AVX2 = {"sse2", "avx", "avx2", "fma", "f16c"}
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni"}

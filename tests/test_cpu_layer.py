@@ -5,7 +5,6 @@ the cache; and the engine takes it for decode-only steps within its row limit on
 
 import pytest
 import torch
-from conftest import LEVELS, TINY_CONFIG, hf_greedy, random_prompts
 from test_cpu_quant import blockify
 
 from kernels import AttentionMetadata
@@ -14,6 +13,7 @@ from sut.cpu.build import library
 from sut.cpu.layer import CpuDecoder
 from sut.cpu.ops import c_ops
 from sut.cpu.quant import BLOCK_ROWS_MAX, INT16_ROWS_MAX, write_gguf_blocks
+from tests.helpers import LEVELS, TINY_CONFIG, hf_greedy, random_prompts
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the CPU kernels")
 

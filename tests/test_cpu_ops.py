@@ -5,7 +5,6 @@ write and SiLU-and-mul."""
 
 import pytest
 import torch
-from conftest import LEVELS
 
 from kernels import TORCH_OPS
 from kernels.attention import AttentionMetadata, paged_attention
@@ -13,6 +12,7 @@ from kernels.checks import random_paged_cache
 from kernels.decode_attention import decode_attention_reference
 from sut.cpu.build import library
 from sut.cpu.ops import c_ops
+from tests.helpers import LEVELS
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build the CPU kernels")
 EXACT = dict(rtol=1e-5, atol=1e-5)

@@ -5,7 +5,6 @@ checkpoint exactly, so the engine's output does not change; bad block files are 
 import numpy as np
 import pytest
 import torch
-from conftest import LEVELS, hf_greedy, random_prompts
 from gguf import GGMLQuantizationType, quants
 from torch import nn
 
@@ -23,6 +22,7 @@ from sut.cpu.quant import (
     write_gguf_blocks,
 )
 from sut.errors import CheckpointError
+from tests.helpers import LEVELS, hf_greedy, random_prompts
 
 pytestmark = pytest.mark.skipif(library() is None, reason="no C compiler to build sut/cpu/quant.c")
 
@@ -129,8 +129,9 @@ def blockify(model: nn.Module) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_blocks_model(tmp_path_factory):
-    from conftest import TINY_CONFIG
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.helpers import TINY_CONFIG
 
     torch.manual_seed(7)
     model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, "hidden_size": 64, "intermediate_size": 128})).eval()

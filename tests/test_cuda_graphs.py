@@ -6,9 +6,9 @@ Triton kernels (in the interpreter) read lengths and tables from those buffers a
 import pytest
 
 from sut import LLM, SamplingParams
-from sut.cuda_graphs import DecodeGraphs, graph_batch_sizes
 from sut.errors import ConfigError
-from tests.conftest import random_prompts
+from sut.worker.cuda_graphs import DecodeGraphs, graph_batch_sizes
+from tests.helpers import random_prompts
 
 
 def test_ladder_is_nano_vllms():

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from sut import LLM, SamplingParams
-from tests.conftest import hf_greedy, random_prompts
+from tests.helpers import hf_greedy, random_prompts
 
 LENGTHS = [1, 5, 17, 33, 64, 100, 7, 48]
 NEW_TOKENS = 24
@@ -76,7 +76,7 @@ def test_bf16_close_to_fp32(tiny_llama, expected):
 def test_sharded_checkpoint_and_tied_embeddings(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.conftest import TINY_CONFIG
+    from tests.helpers import TINY_CONFIG
 
     torch.manual_seed(7)
     model = LlamaForCausalLM(LlamaConfig(**{**TINY_CONFIG, "tie_word_embeddings": True})).eval()
@@ -91,7 +91,7 @@ def test_sharded_checkpoint_and_tied_embeddings(tmp_path):
 def test_llama31_rope_scaling_matches_transformers(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tests.conftest import TINY_CONFIG
+    from tests.helpers import TINY_CONFIG
 
     rope = {
         "rope_type": "llama3",

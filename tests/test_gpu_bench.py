@@ -1,4 +1,4 @@
-"""sut/gpu_bench.py (gpu_check's engine steps) on a tiny Llama shape on CPU, Triton kernels in the
+"""sut/bench/gpu_steps.py (gpu_check's engine steps) on a tiny Llama shape on CPU, Triton kernels in the
 interpreter: the steps run through the engine's ModelRunner, and the roofline's bytes are the
 weights read plus every context's K/V."""
 
@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from sut.gpu_bench import StepBench
+from sut.bench.gpu_steps import StepBench
 from tests.test_triton_kernels import REPO
 
 TINY = dict(
@@ -84,20 +84,65 @@ class Absent(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {set(REQUIREMENTS_BEYOND_GPU_CHECK)!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Absent())
-import triton.testing, kernels.gpu_check, sut.gpu_bench
-sys.exit(kernels.gpu_check.main(["--out", {str(tmp_path)!r}]))
+import triton.testing, kernels.gpu_check, sut.bench.gpu_check
+assert kernels.gpu_check.main(["--out", {str(tmp_path)!r}]) == 0
+sys.exit(sut.bench.gpu_check.main(["--out", {str(tmp_path)!r}]))
 """
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
-    assert "no CUDA GPU" in out.stdout
+    assert out.stdout.count("no CUDA GPU") == 2
 
 
 def test_tensor_parallel_check_on_gloo_matches_one_process():
     """gpu_check's TP=2 check, on two CPU processes: random_model's slices make the one process's
     model, so the logits agree to fp32 rounding and the greedy tokens are the same."""
-    from sut.gpu_bench import tensor_parallel_check
+    from sut.bench.gpu_steps import tensor_parallel_check
 
     result = tensor_parallel_check(TINY, "cpu")
     assert result["size"] == 2 and result["greedy_tokens_agree"]
     assert result["max_abs_logit_diff"] < 1e-5 * max(1.0, result["logit_scale"]), result
+
+
+def test_the_results_page_has_each_half_it_was_given():
+    """kernels/gpu_check.py's page from the kernels' results alone, and from the engine's half too
+    (synthetic numbers: the page's layout, which only a GPU run would otherwise reach)."""
+    from kernels.gpu_check import markdown
+
+    row = dict(ok=True, max_abs_err=1e-3, case="c", dtype="bf16", error=None)
+    kernels_only = dict(
+        device="NVIDIA H200",
+        software="torch x",
+        peak_gbps=4800,
+        peak_tflops=989,
+        measured_gbps=4000.0,
+        measured_tflops=700.0,
+        elapsed_s=1.0,
+        checks={"decode attention": [row]},
+        decode=[dict(batch=32, context=2048, ms=0.1, gbps=3600.0, peak_ratio=0.9, sdpa_ms=0.2, speedup_vs_sdpa=2.0)],
+        prefill=[
+            dict(case="1 x 4096", tokens=4096, ms=1.0, tflops=500.0, peak_ratio=0.7, sdpa_ms=None, speedup_vs_sdpa=None)
+        ],
+    )
+    page = markdown(kernels_only)
+    assert "| decode attention | 1 | 0 | 1.00e-03 |" in page and "| 32 | 2048 | 0.100 | 3600 | 90% |" in page
+    assert "Engine steps" not in page and "Tensor parallel" not in page
+    step = dict(
+        decodes=1,
+        context=1024,
+        prefill=0,
+        cuda_graphs=True,
+        gpu_ms=10.0,
+        host_ms=0.5,
+        tokens_per_s=100.0,
+        gbps=3500.0,
+        peak_ratio=0.875,
+        host_share=0.05,
+    )
+    page = markdown({**kernels_only, "tensor_parallel": dict(skipped="1 GPU"), "engine": [step]})
+    assert "Tensor parallel (TP=2 against one process" in page and "not run: 1 GPU" in page
+    assert "| 1 decodes x 1024 | CUDA graphs | 10.000 | 0.500 | 5% | 100 | 3500 | 88% |" in page
+    assert (
+        "8B decode step at batch 1 >= 85% of the weight-plus-KV roofline (best of eager and graphs): met in 1 of 1"
+        in page
+    )

@@ -1,6 +1,7 @@
 """Imports run one way (README, Layout): each package may import only the packages of ours listed
-for it. Every .py under those packages is parsed, imports at any depth (inside functions too),
-`from x import`, and relative imports resolved against the file's package."""
+for it, and inside sut/ each layer only the layers below it; no module of ours imports itself
+back through others. Every .py under those packages is parsed, imports at any depth (inside
+functions too), `from x import`, and relative imports resolved against the file's package."""
 
 import ast
 import sys
@@ -17,9 +18,21 @@ ALLOWED = {
     "compliance": {"accuracy", "systems"},
     "harness": {"sut", "accuracy", "compliance", "systems"},
 }
-# Files that are commands at the top of the chain rather than parts of their package: gpu_check
-# (`python3 -m kernels.gpu_check`, the one command a lent GPU machine runs) also times the engine.
-COMMANDS = {"kernels/gpu_check.py": {"sut"}}
+# sut/'s layers, lowest first: a file may import its own layer and those below. The request types
+# at the root; the public API (sut/__init__.py) above the engine; tools and benchmarks on top.
+SUT_LAYERS = [
+    ("types", ["sut/errors.py", "sut/sampling_params.py", "sut/sequence.py", "sut/outputs.py", "sut/batch.py"]),
+    ("config", ["sut/config"]),
+    ("parallel", ["sut/parallel"]),
+    ("model", ["sut/model"]),
+    ("cpu", ["sut/cpu"]),
+    ("sample", ["sut/sample"]),
+    ("worker", ["sut/worker"]),
+    ("spec_decode", ["sut/spec_decode"]),
+    ("engine", ["sut/engine"]),
+    ("api", ["sut/__init__.py"]),
+    ("tools", ["sut/tools", "sut/bench"]),
+]
 OURS = set(ALLOWED) | {"tests"}
 # The engine never drives LoadGen; systems is read by everyone, so it needs nothing installed.
 FORBIDDEN_THIRD_PARTY = {"sut": {"mlperf_loadgen"}}
@@ -27,18 +40,19 @@ STDLIB_ONLY = {"systems"}
 
 
 def imported_modules(tree: ast.AST, package_parts: list[str]):
-    """(line, dotted module name) of every import in `tree`; `package_parts`: the file's package,
-    against which relative imports are resolved."""
+    """(line, dotted module name, names it imports from the module) of every import in `tree`;
+    `package_parts`: the file's package, against which relative imports are resolved."""
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
-                yield node.lineno, alias.name
+                yield node.lineno, alias.name, ()
         elif isinstance(node, ast.ImportFrom):
+            names = tuple(alias.name for alias in node.names)
             if node.level:
                 base = package_parts[: len(package_parts) - node.level + 1]
-                yield node.lineno, ".".join(base + ([node.module] if node.module else []))
+                yield node.lineno, ".".join(base + ([node.module] if node.module else [])), names
             else:
-                yield node.lineno, node.module
+                yield node.lineno, node.module, names
 
 
 def forbidden_imports(root: Path) -> list[str]:
@@ -49,10 +63,9 @@ def forbidden_imports(root: Path) -> list[str]:
             parts = list(path.relative_to(root).with_suffix("").parts)
             package_parts = parts if parts[-1] == "__init__" else parts[:-1]
             package_parts = [p for p in package_parts if p != "__init__"]
-            for line, module in imported_modules(ast.parse(path.read_text(), str(path)), package_parts):
+            for line, module, _ in imported_modules(ast.parse(path.read_text(), str(path)), package_parts):
                 top = module.split(".")[0]
-                also = COMMANDS.get(path.relative_to(root).as_posix(), set())
-                ours_forbidden = top in OURS and top != package and top not in allowed | also
+                ours_forbidden = top in OURS and top != package and top not in allowed
                 third_party_forbidden = top not in OURS and (
                     top in FORBIDDEN_THIRD_PARTY.get(package, ())
                     or (package in STDLIB_ONLY and top not in sys.stdlib_module_names)
@@ -62,8 +75,117 @@ def forbidden_imports(root: Path) -> list[str]:
     return found
 
 
+def layer_of(relative: str) -> int:
+    """The index in SUT_LAYERS of sut/ file `relative` (a path under the repository)."""
+    for index, (_, members) in enumerate(SUT_LAYERS):
+        if any(relative == m or relative.startswith(m + "/") for m in members):
+            return index
+    raise AssertionError(f"{relative} is in none of SUT_LAYERS: give it a layer")
+
+
+def module_file(root: Path, module: str) -> Path | None:
+    """The file of our module `module` (a package's __init__.py), or None when it is not a module of ours
+    (a name imported from a package: `from sut.config import EngineConfig` names sut/config/__init__.py)."""
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def our_imports(root: Path, packages) -> dict[str, set[str]]:
+    """Each .py file of `packages` (relative path) -> the files of ours it imports (relative paths)."""
+    graph = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            package_parts = [p for p in (parts if parts[-1] == "__init__" else parts[:-1]) if p != "__init__"]
+            targets = set()
+            modules = []
+            for _, module, names in imported_modules(ast.parse(path.read_text(), str(path)), package_parts):
+                # `from package import name` imports the submodule package/name.py where there is one.
+                modules += [module, *(f"{module}.{name}" for name in names)]
+            for module in modules:
+                if module.split(".")[0] in OURS and (target := module_file(root, module)) is not None:
+                    targets.add(target.relative_to(root).as_posix())
+            graph[path.relative_to(root).as_posix()] = targets - {path.relative_to(root).as_posix()}
+    return graph
+
+
+def layer_violations(root: Path) -> list[str]:
+    """'a -> b (layer x above y)' for every sut/ file that imports a layer above its own."""
+    found = []
+    for source, targets in our_imports(root, ["sut"]).items():
+        for target in sorted(t for t in targets if t.startswith("sut/")):
+            if layer_of(target) > layer_of(source):
+                found.append(
+                    f"{source} -> {target} ({SUT_LAYERS[layer_of(source)][0]} imports "
+                    f"{SUT_LAYERS[layer_of(target)][0]}, a layer above it)"
+                )
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan's algorithm), each sorted."""
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node):
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
 def test_imports_run_one_way():
     assert forbidden_imports(REPO) == []
+
+
+def test_sut_layers_import_only_below():
+    assert layer_violations(REPO) == []
+
+
+def test_no_import_cycle_anywhere():
+    assert import_cycles(our_imports(REPO, sorted(OURS))) == []
+
+
+def test_the_cycle_and_layer_checks_catch_what_they_look_for(tmp_path):
+    (tmp_path / "sut" / "engine").mkdir(parents=True)
+    (tmp_path / "sut" / "model").mkdir()
+    for name in ("sut/__init__.py", "sut/engine/__init__.py", "sut/model/__init__.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "sut" / "errors.py").write_text("")
+    (tmp_path / "sut" / "model" / "llama.py").write_text(
+        "from sut.errors import X\n\n\ndef f():\n    import sut.engine.a\n"
+    )
+    (tmp_path / "sut" / "engine" / "a.py").write_text("from sut.model import llama\nfrom . import b\n")
+    (tmp_path / "sut" / "engine" / "b.py").write_text("from sut.engine.a import A\n")
+    assert layer_violations(tmp_path) == [
+        "sut/model/llama.py -> sut/engine/a.py (model imports engine, a layer above it)"
+    ]
+    assert import_cycles(our_imports(tmp_path, ["sut"])) == [
+        ["sut/engine/a.py", "sut/engine/b.py", "sut/model/llama.py"]
+    ]
 
 
 def test_every_package_is_parsed():

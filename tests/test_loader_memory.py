@@ -7,7 +7,7 @@ import sys
 MEASURE = """
 import resource, sys, torch
 from sut.config import ModelConfig
-from sut.loader import load_model
+from sut.model.loader import load_model
 folder = sys.argv[1]
 config = ModelConfig.from_folder(folder)
 def rss():

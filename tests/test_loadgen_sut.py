@@ -14,7 +14,7 @@ from compliance.loadgen_logs import read_detail_log
 from harness.loadgen_sut import EngineSUT, construct_qsl
 from harness.run import validity
 from sut import LLM, LLMEngine, SamplingParams
-from tests.conftest import random_prompts
+from tests.helpers import random_prompts
 
 NUM_SAMPLES = 24
 PARAMS = SamplingParams(max_tokens=8, min_tokens=1)  # min_tokens as harness/run.py (the reference SUT's)

@@ -1,4 +1,4 @@
-"""`python -m sut.make_draft`: a draft of a target's first N layers loads in the engine, computes what
+"""`python -m sut.tools.make_draft`: a draft of a target's first N layers loads in the engine, computes what
 transformers computes for the target cut to those layers, keeps the CPU backend's GGUF blocks of its
 tensors and the target's tokenizer files, and a user's mistake ends in one `error:` line."""
 
@@ -13,12 +13,12 @@ import torch
 from safetensors import safe_open
 
 from sut import LLM, SamplingParams
-from sut.checksums import read_sums, verify_folder
 from sut.config import ModelConfig
 from sut.cpu.quant import GGUF_BLOCKS_FILE, BlockQuantLinear
 from sut.errors import ConfigError
-from sut.make_draft import DRAFT_KEY, cli, make_draft
-from tests.conftest import TINY_CONFIG, hf_greedy, random_prompts
+from sut.model.checksums import read_sums, verify_folder
+from sut.tools.make_draft import DRAFT_KEY, cli, make_draft
+from tests.helpers import TINY_CONFIG, hf_greedy, random_prompts
 from tests.test_cli_errors import assert_one_error_line, run_cli
 from tests.test_cpu_quant import prefill_metadata
 
@@ -158,7 +158,7 @@ def test_smollm2_draft_runs_on_its_gguf_blocks(smollm2_draft):
 
 
 def run_in_process(monkeypatch, capsys, *args):
-    """What `python -m sut.make_draft ARGS` does, without starting a Python: its stderr and exit status."""
+    """What `python -m sut.tools.make_draft ARGS` does, without starting a Python: its stderr and exit status."""
     monkeypatch.setattr(sys, "argv", ["make_draft", *map(str, args)])
     with pytest.raises(SystemExit) as exit:
         cli()
@@ -167,7 +167,7 @@ def run_in_process(monkeypatch, capsys, *args):
 
 
 def test_cli_missing_target(tmp_path):
-    done = run_cli("sut.make_draft", "--target", tmp_path / "none", "--layers", 1, "--out", tmp_path / "out")
+    done = run_cli("sut.tools.make_draft", "--target", tmp_path / "none", "--layers", 1, "--out", tmp_path / "out")
     assert done.returncode == 2
     assert_one_error_line(done, f"{tmp_path / 'none'}: no such model folder")
     assert not (tmp_path / "out").exists()

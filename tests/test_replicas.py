@@ -1,4 +1,4 @@
-"""Data-parallel replicas (sut/replicas.py): N engine processes behind the online engine's
+"""Data-parallel replicas (sut/engine/replicas.py): N engine processes behind the online engine's
 interface give one engine's outputs, answer every LoadGen sample exactly once, and a replica that
 dies ends the run with an error naming it, every request answered once, no process left behind."""
 
@@ -11,9 +11,9 @@ import mlperf_loadgen as lg
 import pytest
 
 from accuracy.accuracy_log import read_accuracy_log
-from sut import LLM, ReplicaPool, SamplingParams, WorkerError, make_engine
+from sut import LLM, EngineClient, ReplicaPool, SamplingParams, WorkerError, make_engine
 from sut.errors import ConfigError
-from tests.conftest import random_prompts
+from tests.helpers import random_prompts
 from tests.test_loadgen_sut import NUM_SAMPLES, PARAMS, run_loadgen
 
 SETTINGS = dict(num_kv_blocks=256, max_num_seqs=16, device="cpu")
@@ -22,9 +22,10 @@ SETTINGS = dict(num_kv_blocks=256, max_num_seqs=16, device="cpu")
 @pytest.fixture(scope="module")
 def pool(tiny_llama):
     pool = ReplicaPool(tiny_llama[0], 2, **SETTINGS)
+    assert isinstance(pool, EngineClient) and all(hasattr(pool, name) for name in EngineClient.__annotations__)
     yield pool
     pool.close()
-    assert not any(p.is_alive() for p in pool._procs)
+    assert not any(p.is_alive() for p in pool.workers.procs)
 
 
 def test_offline_api_with_two_replicas_gives_one_engines_outputs_in_order(tiny_llama):
@@ -68,6 +69,7 @@ def test_loadgen_answers_every_sample_once_with_one_engines_tokens(tiny_llama, p
 
 def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_once(tiny_llama):
     pool = ReplicaPool(tiny_llama[0], 2, **SETTINGS)
+    assert isinstance(pool, EngineClient) and all(hasattr(pool, name) for name in EngineClient.__annotations__)
     try:
         prompts = random_prompts([20] * 16, seed=3)
         # Two short requests (one a replica, least work first), the rest long enough to be in flight.
@@ -78,7 +80,7 @@ def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_
         answered = []
         while len(answered) < 2:  # both replicas at work
             answered += pool.step()
-        victim = pool._procs[1]
+        victim = pool.workers.procs[1]
         os.kill(victim.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(WorkerError, match=rf"data-parallel replica 1 \(pid {victim.pid}, cores .*\) died"):
@@ -94,7 +96,7 @@ def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_
             pool.add_request(prompts[0])
     finally:
         pool.close()
-    assert not any(p.is_alive() for p in pool._procs)
+    assert not any(p.is_alive() for p in pool.workers.procs)
 
 
 def test_a_replica_that_cannot_load_is_named(tiny_llama, tmp_path):

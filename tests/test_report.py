@@ -18,7 +18,7 @@ from harness.report import build, cost_per_million, goodput
 from harness.run_logs import RunLogError, loadgen_percentile, read_run
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
-from tests.conftest import tiny_model_and_dataset
+from tests.helpers import tiny_model_and_dataset
 
 # ---- a hand-built run ---------------------------------------------------------------------------
 

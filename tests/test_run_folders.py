@@ -20,7 +20,7 @@ from compliance.loadgen_logs import read_detail_log
 from compliance.package import PackagingError, package
 from compliance.run_folder import STATUS_FILE
 from systems.schema import REPO
-from tests.conftest import process_alive
+from tests.helpers import process_alive
 from tests.tiny_system import NUM_SAMPLES, harness_command, harness_run, reseal, start_run
 
 LOGS = "build/logs/tiny/llama3.1-8b"
@@ -231,15 +231,15 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_i
 
 FAIL_A_STEP = """
 import sys
-import sut.engine
-step = sut.engine.LLMEngine.step
+import sut.engine.llm_engine
+step = sut.engine.llm_engine.LLMEngine.step
 calls = []
 def failing_step(self):
     calls.append(1)
     if len(calls) == 3:  # a step in the middle of the run raises: its requests fail, the rest go on
         raise RuntimeError("planted failure")
     return step(self)
-sut.engine.LLMEngine.step = failing_step
+sut.engine.llm_engine.LLMEngine.step = failing_step
 from harness.__main__ import main
 sys.argv = ["harness", *sys.argv[1:]]
 main()
@@ -312,7 +312,7 @@ def test_corrupt_norm_weights_end_the_run_with_an_error(root, tmp_path, corrupti
     """Three RMSNorm weights corrupted, as a bad copy would: NaN is refused at load; with the folder's
     SHA256SUMS any change is refused before loading; finite values far out of range load, their
     logits come out NaN, and every request fails (never a VALID run of token 0s)."""
-    from sut.sampler import NONFINITE_LOGITS
+    from sut.sample.sampler import NONFINITE_LOGITS
     from tests.test_bad_input import plant, write_sums
 
     model = root / "tiny-llama"

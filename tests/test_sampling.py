@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from sut import LLM, SamplingParams
-from sut.sampler import sampling_probs
-from tests.conftest import random_prompts
+from sut.sample.sampler import sampling_probs
+from tests.helpers import random_prompts
 
 
 def test_sampling_probs_temperature_top_k_top_p():
@@ -23,7 +23,7 @@ def test_sampling_probs_temperature_top_k_top_p():
 
 def test_sampled_tokens_follow_the_target_distribution():
     """5000 draws through the engine's sampler: empirical frequencies within 4 sigma of the target."""
-    from sut.sampler import sample
+    from sut.sample.sampler import sample
     from sut.sequence import Sequence
 
     logits = torch.tensor([[1.0, 0.3, -0.5, 2.0, 0.0, -3.0]])

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from sut.block_manager import BlockManager
 from sut.config import EngineConfig
-from sut.scheduler import ScheduledBatch, Scheduler
+from sut.config.speculative import SpeculativeConfig
+from sut.engine.block_manager import BlockManager
+from sut.engine.scheduler import ScheduledBatch, Scheduler
 from sut.sequence import SequenceStatus
-from sut.spec_settings import SpeculativeConfig
 from tests.test_block_manager import seq
 
 

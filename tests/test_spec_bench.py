@@ -5,7 +5,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from sut.spec_bench import first_differences, ngram_ceiling, predicted_speedup, predicted_time_from_steps, share_cost
+from sut.bench.speculative import (
+    first_differences,
+    ngram_ceiling,
+    predicted_speedup,
+    predicted_time_from_steps,
+    share_cost,
+)
 
 
 def test_predicted_speedup_is_leviathans_formula():

@@ -12,9 +12,9 @@ import torch
 
 from sut import LLM, SamplingParams
 from sut.errors import ConfigError
-from sut.make_draft import make_draft
-from sut.proposer import ngram_lookup
-from tests.conftest import TINY_CONFIG, random_prompts
+from sut.spec_decode.ngram import ngram_lookup
+from sut.tools.make_draft import make_draft
+from tests.helpers import TINY_CONFIG, random_prompts
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}
 

@@ -8,9 +8,9 @@ from dataclasses import fields
 import torch
 
 from sut import LLMEngine, SamplingParams
-from sut.scheduler import ScheduledBatch
-from sut.step_input import StepInput
-from tests.conftest import random_prompts
+from sut.batch import ScheduledBatch
+from sut.worker.step_input import StepInput
+from tests.helpers import random_prompts
 
 
 def reference_step_input(batch: ScheduledBatch, block_size: int) -> dict:

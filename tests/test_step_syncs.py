@@ -1,5 +1,5 @@
 """On CUDA a host read of a device tensor waits for the device, and the step's one such wait is
-`sut.sampler.to_host` (the sampled tokens, once per forward, the draft model's forwards included).
+`sut.sample.sampler.to_host` (the sampled tokens, once per forward, the draft model's forwards included).
 Counted on CPU with the op set CUDA runs (the Triton kernels, in the interpreter): every .item(),
 .tolist(), .cpu(), .numpy(), int(), float(), bool() of a tensor called from the engine's code
 (sut/, kernels/) on anything but what `to_host` returned (and views of it) is a defect; so is any
@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import sut.draft_proposer
-import sut.sampler
-import sut.verifier
+import sut.sample.sampler
+import sut.sample.verifier
+import sut.spec_decode.draft_model
 from sut import LLM, SamplingParams
-from sut.model_runner import ModelRunner
-from tests.conftest import random_prompts
+from sut.worker.model_runner import ModelRunner
+from tests.helpers import random_prompts
 
 REPO = Path(__file__).resolve().parents[1]
 OURS = (str(REPO / "sut") + "/", str(REPO / "kernels") + "/")
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__int__", "__float__", "__bool__", "__index__")
-ON_HOST_COPIES = {"to_host", "draw"}  # sut/sampler.py: they work on the host copies alone
+ON_HOST_COPIES = {"to_host", "draw"}  # sut/sample/sampler.py: they work on the host copies alone
 
 
 def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
@@ -44,7 +44,7 @@ def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
             return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    to_host = sut.sampler.to_host
+    to_host = sut.sample.sampler.to_host
 
     def counted_to_host(*tensors):
         syncs.append(len(tensors))
@@ -52,7 +52,7 @@ def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
         host_copies.update(t.untyped_storage().data_ptr() for t in copies)
         return copies
 
-    for module in (sut.sampler, sut.verifier, sut.draft_proposer):
+    for module in (sut.sample.sampler, sut.sample.verifier, sut.spec_decode.draft_model):
         monkeypatch.setattr(module, "to_host", counted_to_host)
     execute = ModelRunner.execute
 
@@ -89,5 +89,5 @@ def test_each_forward_reads_the_device_once(tiny_llama, monkeypatch, spec):
     reads, syncs, forwards = count_host_reads(monkeypatch)
     outputs = llm.generate(prompts, params)
     assert all(len(o.token_ids) == 6 or o.finish_reason == "stop" for o in outputs)
-    assert reads == [], "host reads of tensors outside sut.sampler.to_host:\n" + "\n".join(reads)
+    assert reads == [], "host reads of tensors outside sut.sample.sampler.to_host:\n" + "\n".join(reads)
     assert len(syncs) == len(forwards) > 0, "not one to_host a forward that samples"

@@ -17,7 +17,7 @@ from compliance.check import check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
 from systems.schema import REPO
-from tests.conftest import process_alive
+from tests.helpers import process_alive
 from tests.tiny_system import NUM_SAMPLES, USER_CONF, harness_run, reseal, start_run
 
 

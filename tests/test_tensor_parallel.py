@@ -1,18 +1,21 @@
-"""Tensor parallelism over 2 processes on gloo (sut/tensor_parallel.py): greedy output equals one
+"""Tensor parallelism over 2 processes on gloo (sut/parallel/): greedy output equals one
 process's, with chunked prefill and preemption; each rank holds about half the weights; sizes that
 do not divide the heads are refused by name; a rank that dies ends the engine with an error naming
 it, no process left behind."""
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
 
 from sut import LLM, LLMEngine, SamplingParams, WorkerError
 from sut.errors import ConfigError
-from sut.tensor_parallel import COLLECTIVE_TIMEOUT
-from tests.conftest import random_prompts
+from sut.parallel import COLLECTIVE_TIMEOUT
+from systems.schema import REPO
+from tests.helpers import random_prompts
 
 # A small pool and step budget: prompts go in chunks, and sequences are preempted.
 SETTINGS = dict(
@@ -37,7 +40,7 @@ def test_two_ranks_give_one_process_greedy_tokens_with_half_the_weights_each(tin
             assert 0.5 * whole <= held <= 0.52 * whole, (rank, held, whole)
     finally:
         two.engine.close()
-    assert not any(p.is_alive() for p in two.engine.ranks)
+    assert not any(p.is_alive() for p in two.engine.ranks.procs)
 
 
 def test_seeded_sampling_with_two_ranks_is_one_process_sampling(tiny_llama):
@@ -68,7 +71,7 @@ def test_a_killed_rank_ends_the_engine_with_its_name(tiny_llama):
         for p in random_prompts([10] * 4, seed=1):
             engine.add_request(p, SamplingParams(max_tokens=100, ignore_eos=True))
         engine.step()
-        victim = engine.ranks[0]
+        victim = engine.ranks.procs[0]
         os.kill(victim.pid, signal.SIGKILL)
         start = time.monotonic()
         with pytest.raises(WorkerError, match=rf"tensor-parallel rank 1 \(pid {victim.pid}\) died"):
@@ -80,3 +83,34 @@ def test_a_killed_rank_ends_the_engine_with_its_name(tiny_llama):
     finally:
         engine.close()
     assert not victim.is_alive()
+
+
+UNGUARDED_SCRIPT = """
+from sut import LLM
+llm = LLM({model!r}, tensor_parallel_size=2, **{settings!r})  # no `if __name__ == "__main__":`
+print("started")
+llm.engine.close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["tensor_parallel_size=2", "data_parallel_size=2"])
+def test_a_script_without_the_main_guard_is_told_what_to_do(tiny_llama, tmp_path, kind):
+    """Spawned workers re-import the main script; without the guard each dies before its own code
+    runs. The parent says so naming the guard (not torch's store timeout a minute later), and
+    leaves no worker behind."""
+    script = tmp_path / "unguarded.py"
+    code = UNGUARDED_SCRIPT.format(model=str(tiny_llama[0]), settings=SETTINGS)
+    script.write_text(code.replace("tensor_parallel_size=2", kind))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=COLLECTIVE_TIMEOUT.total_seconds() * 3,
+    )
+    assert done.returncode == 1 and "started" not in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("sut.errors.WorkerError: ") and 'if __name__ == "__main__":' in last, last
+    assert "before it reached its own code" in last and "DistStoreError" not in done.stderr

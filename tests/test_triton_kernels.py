@@ -158,7 +158,7 @@ def test_rotary(dtype, gqa):
 def test_rotary_with_llama31_scaled_table(dtype):
     """The table as the model builds it, Llama 3.1 rope scaling included."""
     from sut.config import ModelConfig
-    from sut.model import RotaryEmbedding
+    from sut.model.llama import RotaryEmbedding
 
     config = ModelConfig.from_dict(
         dict(
@@ -198,7 +198,7 @@ def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama, monkeypatch):
     PyTorch ops."""
     import kernels.attention
     from sut import LLM, SamplingParams
-    from tests.conftest import random_prompts
+    from tests.helpers import random_prompts
 
     split_steps = []
     decode = kernels.attention.decode_attention_triton
@@ -225,7 +225,7 @@ def test_engine_speculating_on_triton_kernels_matches_torch_ops(tiny_llama):
     rejection-sampling kernel in the engine: greedy and seeded sampled requests give the same
     tokens as on the PyTorch ops and their reference."""
     from sut import LLM, SamplingParams
-    from tests.conftest import random_prompts
+    from tests.helpers import random_prompts
 
     prompts = [(p * 4)[:24] for p in random_prompts([5, 6, 7], seed=3)]
     params = [

@@ -8,10 +8,11 @@ from dataclasses import fields
 import pytest
 
 from sut import LLM, ConfigError, InvalidRequestError, LLMEngine, SamplingParams
-from sut.config import KIND_WORDS, EngineConfig, _kind_of
-from sut.cpu.settings import CpuSettings
-from sut.spec_settings import SpeculativeConfig
-from tests.conftest import random_prompts
+from sut.config import EngineConfig
+from sut.config.cpu import CpuSettings
+from sut.config.engine import KIND_WORDS, _kind_of
+from sut.config.speculative import SpeculativeConfig
+from tests.helpers import random_prompts
 
 NAN, INF = float("nan"), float("inf")
 

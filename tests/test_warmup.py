@@ -5,7 +5,7 @@ import pytest
 
 from sut import LLM, SamplingParams
 from sut.errors import ConfigError
-from tests.conftest import random_prompts
+from tests.helpers import random_prompts
 
 
 @pytest.mark.parametrize("spec", [None, {"method": "ngram", "num_speculative_tokens": 2}], ids=["plain", "ngram"])

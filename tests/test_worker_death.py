@@ -13,7 +13,7 @@ import time
 import pytest
 
 from compliance.run_folder import STATUS_FILE
-from tests.conftest import process_alive
+from tests.helpers import process_alive
 from tests.test_triton_kernels import REPO
 
 SCRIPT = """
@@ -24,7 +24,7 @@ from harness.loadgen_sut import EngineSUT, construct_qsl
 from compliance.run_folder import RunFolder
 from harness.run import _abandon
 from sut import LLMEngine, ReplicaPool, SamplingParams
-from tests.conftest import random_prompts
+from tests.helpers import random_prompts
 
 model, kind, out = sys.argv[1:]
 folder = RunFolder(os.path.join(os.path.dirname(out), "run"))
@@ -34,8 +34,8 @@ if kind == "replica":
     engine = ReplicaPool(model, 2, **settings)
 else:
     engine = LLMEngine(model, tensor_parallel_size=2, **settings)
-victim = engine._procs[1] if kind == "replica" else engine.ranks[0]
-children = [p.pid for p in (engine._procs if kind == "replica" else engine.ranks)]
+victim = engine.workers.procs[1] if kind == "replica" else engine.ranks.procs[0]
+children = [p.pid for p in (engine.workers.procs if kind == "replica" else engine.ranks.procs)]
 issued, answered = [], []
 complete = loadgen_sut._complete
 def counted(sample_id, tokens, first_token=False):

@@ -10,7 +10,7 @@ from compliance.check import SYSTEM_REQUIRED_FIELDS
 from compliance.package import package
 from compliance.run_folder import STATUS_FILE, sha256_of
 from systems.schema import REPO
-from tests.conftest import tiny_model_and_dataset
+from tests.helpers import tiny_model_and_dataset
 
 NUM_SAMPLES = 24
 USER_CONF = """\

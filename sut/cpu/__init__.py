@@ -8,9 +8,7 @@ rope, KV-cache write and SiLU-and-mul in ops.c, decode attention in attention.c)
 kernels.select_ops, the KV cache's default size, and the decoder that runs a decode-only step's
 layers in one C call (layer.py, layer.c). build.py compiles the C sources once per instruction-set
 level (avx512, avx2, portable: every SIMD path has a portable one) and describes the CPU for run
-records; settings.py holds the engine's `cpu` settings; convert_gguf.py writes the demo model's
-folder, the fp32 checkpoint with the GGUF blocks beside it. Without a C compiler the engine runs
-on the PyTorch ops and fp32 weights alone.
-
-This package file imports nothing, so that sut.config can read settings.py without the rest.
+records. The engine's `cpu` settings are sut/config/cpu.py; sut/tools/convert_gguf.py writes the
+demo model's folder, the fp32 checkpoint with the GGUF blocks beside it. Without a C compiler the
+engine runs on the PyTorch ops and fp32 weights alone.
 """

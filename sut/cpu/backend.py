@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from kernels import KernelOps
+from sut.config.cpu import CpuSettings
 from sut.cpu.build import library
 from sut.cpu.layer import CpuDecoder
 from sut.cpu.linear import pack_linears
 from sut.cpu.ops import c_ops
 from sut.cpu.quant import attach_gguf_blocks
-from sut.cpu.settings import CpuSettings
 
 KV_CACHE_GB = 2.0  # the KV cache's size unless the engine settings give one
 

@@ -3,7 +3,7 @@ the residual add and RMSNorm, q/k/v from the GGUF blocks, rope, the KV-cache wri
 attention over the paged cache, o_proj, residual add and RMSNorm, gate/up, SiLU-and-mul, down.
 
 At decode batch sizes a step's arithmetic is a few milliseconds and the ~14 PyTorch calls per
-layer of sut/model.py's path cost as much again. This path is for the steps in which every
+layer of sut/model/llama.py's path cost as much again. This path is for the steps in which every
 sequence decodes one token and every linear computes from its blocks (BlockQuantLinear's row
 limit), in fp32 without biases; it runs the same kernels in the same order as the model's path
 with the C ops (sut/cpu/ops.py). Every other step takes the model's own path."""

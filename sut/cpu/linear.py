@@ -2,7 +2,7 @@
 
 torch's default CPU GEMM (MKL here) runs small-batch products, a decode step's, at a fraction of
 the memory bandwidth. With weights prepacked once in oneDNN's blocked layout (and q/k/v, gate/up
-fused), `python -m sut.step_bench` on 2 cores went from 58 / 91 / 94 / 106 ms per decode step at
+fused), `python -m sut.bench.steps` on 2 cores went from 58 / 91 / 94 / 106 ms per decode step at
 batch 1 / 4 / 8 / 16 to 36 / 39 / 44 / 63 ms. Packing is what torch's own compiler does for CPU
 inference (inductor's weight "freezing"); these are the ops it calls.
 """

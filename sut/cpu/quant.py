@@ -1,7 +1,7 @@
 """Small-batch CPU linears computed from the checkpoint's GGUF blocks (Q4_1 and Q8_0).
 
 The demo model comes as a GGUF file whose linear layers are Q4_1 and whose embedding (tied to
-the LM head) is Q8_0; `sut.cpu.convert_gguf` writes the fp32 checkpoint from them and keeps the
+the LM head) is Q8_0; `sut.tools.convert_gguf` writes the fp32 checkpoint from them and keeps the
 raw blocks beside it in GGUF_BLOCKS_FILE, in a subfolder so that the loader, which takes the
 folder's own `*.safetensors` for the checkpoint, never reads them as a shard. Rebuilt in fp32, a
 block gives back the checkpoint's weights bit for bit (checked at load), so computing from the
@@ -28,15 +28,15 @@ from torch import nn
 
 from sut.cpu.build import library
 from sut.errors import CheckpointError
-from sut.loader import checkpoint_layout, copy_tensors, read_header, tensor_names
-from sut.model import FusedLinear
+from sut.model.llama import FusedLinear
+from sut.model.loader import checkpoint_layout, copy_tensors, read_header, tensor_names
 
 GGUF_BLOCKS_FILE = "cpu/gguf-blocks.safetensors"  # in the model folder
 
 BLOCK = 32  # weights per block in both formats
 BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}  # fp16 d [, fp16 m], then the codes
 # Up to this many rows the exact block kernels beat oneDNN's fp32 GEMM, per instruction-set level
-# and format (`python -m sut.step_bench` decode steps at batch 1-16 on 2 cores, with and without
+# and format (`python -m sut.bench.steps` decode steps at batch 1-16 on 2 cores, with and without
 # blocks; the portable level's from timing each kernel against oneDNN held to SSE4.1, where the
 # exact Q4_1 kernel is slower at any size and the exact Q8_0 one faster up to 32 rows at least).
 BLOCK_ROWS_MAX = {"portable": {"Q4_1": 0, "Q8_0": 32}, "avx2": {"Q4_1": 8, "Q8_0": 8}, "avx512": {"Q4_1": 8, "Q8_0": 8}}

@@ -1,0 +1,103 @@
+"""`make gpu-check`, the engine's half: kernels/gpu_check.py's checks and benchmarks, then tensor
+parallelism against one process (where there are two GPUs) and the engine's own steps on a
+Llama-3.1-8B-shaped model with random weights (sut/bench/gpu_steps.py: decode at batch 1, 32, 128,
+256 and a mixed step, eager and from CUDA graphs, against the weight-plus-KV roofline), in the same
+results.json and results.md. Without a GPU it says so and exits 0.
+
+    python3 -m sut.bench.gpu_check --out build/gpu-check
+
+Like the kernels' half it needs torch, Triton and numpy alone, so it runs on a lent GPU machine as
+it is.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kernels.gpu_check import arguments, run_kernels, write_results
+from sut.bench.gpu_steps import LLAMA_31_8B, StepBench, tensor_parallel_check
+
+# The engine's steps on Llama-3.1-8B's shape (sut/bench/gpu_steps.py): decodes over ~1k-token contexts,
+# and one mixed step of a 2048-token prefill chunk beside 256 decodes.
+ENGINE_BATCHES = [1, 32, 128, 256]
+ENGINE_CONTEXT = 1024
+ENGINE_MIXED = (256, 2048)
+
+
+def bench_engine(device, peak_gbps) -> list[dict]:
+    """Each step eager and from CUDA graphs (the mixed step runs eagerly either way)."""
+    decodes, prefill = ENGINE_MIXED
+    max_tokens = max(ENGINE_BATCHES) * ENGINE_CONTEXT + 2 * prefill
+    print("  engine steps: a Llama-3.1-8B-shaped model with random bf16 weights, capturing CUDA graphs", flush=True)
+    bench = StepBench(
+        LLAMA_31_8B,
+        device,
+        max_num_seqs=max(ENGINE_BATCHES),
+        max_model_len=2 * prefill,
+        max_tokens=max_tokens,
+        cuda_graphs=True,
+    )
+    graphs = bench.runner.graphs
+    rows = []
+    for mode in ("eager", "CUDA graphs"):
+        bench.runner.graphs = graphs if mode == "CUDA graphs" else None
+        for batch in ENGINE_BATCHES:
+            print(f"  engine decode step, batch {batch}, {mode}", flush=True)
+            rows.append(bench.measure(batch, ENGINE_CONTEXT))
+        if mode == "eager":
+            print(f"  engine mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
+            rows.append(bench.measure(decodes, ENGINE_CONTEXT, prefill=prefill))
+    for row in rows:
+        row["weight_bytes"] = bench.weight_bytes
+        row["peak_ratio"] = row["gbps"] / peak_gbps if peak_gbps else None
+        row["host_share"] = row["host_ms"] / row["gpu_ms"]
+    del bench, graphs
+    torch.cuda.empty_cache()
+    return rows
+
+
+def check_tensor_parallel() -> dict:
+    """TP=2 against one process on two of the GPUs (sut/bench/gpu_steps.py: a two-layer model of
+    Llama-3.1-8B's width, fp32, random weights), where there is more than one GPU."""
+    count = torch.cuda.device_count()
+    if count < 2:
+        print(f"  tensor parallel: {count} GPU here, so no TP=2 check", flush=True)
+        return dict(skipped=f"{count} GPU")
+    try:
+        result = tensor_parallel_check({**LLAMA_31_8B, "num_hidden_layers": 2, "dtype": "float32"}, "cuda")
+    except Exception as e:  # noqa: BLE001 - reported in the results
+        return dict(ok=False, error=f"{type(e).__name__}: {e}")
+    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(
+        1.0, result["logit_scale"]
+    )
+    print(
+        f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
+        f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})",
+        flush=True,
+    )
+    return result
+
+
+def main(argv=None) -> int:
+    args = arguments(argv)
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
+        return 0
+    start = time.time()
+    device = torch.device("cuda")
+    results = run_kernels(device, args.skip_bench)
+    results["tensor_parallel"] = check_tensor_parallel()
+    results["engine"] = []
+    if not args.skip_bench:
+        try:
+            results["engine"] = bench_engine(device, results["measured_gbps"])
+        except Exception as e:  # noqa: BLE001 - the kernels' results still get written
+            results["engine_error"] = f"{type(e).__name__}: {e}"
+            print(f"  engine steps FAILED: {results['engine_error']}", flush=True)
+    return write_results(results, Path(args.out), start)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""The engine's steps on a GPU without a checkpoint: a model of Llama-3.1-8B's shape with random
+bf16 weights (sut.model.loader.random_model), run by the engine's own ModelRunner (KV cache, Triton
+kernels, CUDA graphs where asked): decode steps at several batch sizes over contexts of about 1k
+tokens, and one mixed step of a prefill chunk beside decodes. For each: the GPU time (CUDA events
+around the forward), the host time (the step input's preparation and the forward's launches, what
+sits on the critical path when the host is slower than the GPU), tokens/s, and the bytes the step
+must read (weights, plus the K/V of every context) per second of GPU time against the card's
+bandwidth: gpt-fast's roofline. kernels/gpu_check.py runs it on a GPU; the tests run it on a tiny
+shape on CPU, where both times are wall-clock. `tensor_parallel_check` runs a random model over two
+ranks against one process (gpu_check, where there is more than one GPU; the tests, on gloo)."""
+
+import multiprocessing as mp
+import queue
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from sut.config import EngineConfig, ModelConfig
+from sut.engine.block_manager import BlockManager
+from sut.engine.processes import WorkerGroup
+from sut.errors import WorkerError
+from sut.model.loader import random_model
+from sut.parallel import Shard, broadcast, free_port, init_group
+from sut.sampling_params import SamplingParams
+from sut.sequence import Sequence
+from sut.worker.model_runner import ModelRunner, kv_bytes_per_block
+from sut.worker.tp_worker import serve
+
+LLAMA_31_8B = dict(
+    architectures=["LlamaForCausalLM"],
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rms_norm_eps=1e-5,
+    rope_theta=500000.0,
+    max_position_embeddings=131072,
+    dtype="bfloat16",
+    rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192
+    ),
+)
+
+
+class StepBench:
+    """A random model on `device` with a KV pool for `max_tokens` tokens, and steps over made-up
+    sequences (their K/V are whatever the pool holds: attention's cost does not depend on it)."""
+
+    def __init__(
+        self,
+        raw_config: dict,
+        device: torch.device,
+        max_num_seqs: int,
+        max_model_len: int,
+        max_tokens: int,
+        cuda_graphs: bool = False,
+        block_size: int = 16,
+        **settings,
+    ):
+        self.model_config = ModelConfig.from_dict(raw_config, "the benchmark's model")
+        mc, dtype = self.model_config, self.model_config.dtype
+        self.device = torch.device(device)
+        num_blocks = -(-max_tokens // block_size) + max_num_seqs
+        self.config = EngineConfig.from_kwargs(
+            max_num_seqs=max_num_seqs,
+            block_size=block_size,
+            num_kv_blocks=num_blocks,
+            max_model_len=max_model_len,
+            cuda_graphs=cuda_graphs,
+            **settings,
+        )
+        model = random_model(mc, dtype, self.device)
+        self.runner = ModelRunner(None, mc, self.config, max_model_len, dtype, self.device, num_blocks, model=model)
+        self.block_manager = BlockManager(num_blocks, block_size)
+        self.weight_bytes = sum(
+            p.numel() * p.element_size()
+            for n, p in model.named_parameters()
+            if "embed_tokens" not in n or mc.tie_word_embeddings
+        )  # a step reads embedding rows only
+        self.kv_bytes_per_token = kv_bytes_per_block(mc, block_size, dtype) // block_size
+        self._next = 0
+
+    def _sequence(self, context: int) -> Sequence:
+        self._next += 1
+        tokens = [(self._next * 7919 + i) % self.model_config.vocab_size for i in range(context)]
+        seq = Sequence(f"bench-{self._next}", tokens, SamplingParams(), 1)
+        assert self.block_manager.allocate(seq, context), "the benchmark's KV pool is too small"
+        return seq
+
+    def measure(self, num_decodes: int, context: int, prefill: int = 0, repeats: int = 10) -> dict:
+        """A step of `num_decodes` decodes at `context` tokens each (plus one prefill chunk of `prefill`
+        tokens after as many cached): median GPU and host milliseconds over `repeats`."""
+        seqs = [self._sequence(context) for _ in range(num_decodes)]
+        tokens, starts, logits = [[s.token_ids[-1]] for s in seqs], [context - 1] * num_decodes, [1] * num_decodes
+        if prefill:
+            chunk = self._sequence(2 * prefill)
+            seqs.append(chunk)
+            tokens.append(list(chunk.token_ids[prefill:]))
+            starts.append(prefill)
+            logits.append(1)
+        tables = self.block_manager.block_tables
+        cuda = self.device.type == "cuda"
+        gpu, host = [], []
+        try:
+            for i in range(repeats + 2):  # the first two compile and warm
+                if cuda:
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record()
+                t0 = time.perf_counter()
+                step = self.runner.prepare_tokens(seqs, tokens, starts, logits, tables)
+                self.runner.execute(step)
+                t1 = time.perf_counter()
+                if cuda:
+                    end.record()
+                    end.synchronize()
+                if i >= 2:
+                    host.append((t1 - t0) * 1e3)
+                    gpu.append(begin.elapsed_time(end) if cuda else (t1 - t0) * 1e3)
+        finally:
+            for seq in seqs:
+                self.block_manager.free(seq)
+        gpu_ms = statistics.median(gpu)
+        kv_bytes = (num_decodes * context + (2 * prefill if prefill else 0)) * self.kv_bytes_per_token
+        return dict(
+            decodes=num_decodes,
+            context=context,
+            prefill=prefill,
+            gpu_ms=gpu_ms,
+            host_ms=statistics.median(host),
+            tokens_per_s=(num_decodes + prefill) / gpu_ms * 1e3,
+            bytes_read=self.weight_bytes + kv_bytes,
+            gbps=(self.weight_bytes + kv_bytes) / gpu_ms / 1e6,
+            cuda_graphs=self.runner.graphs is not None,
+        )
+
+
+def tensor_parallel_check(
+    raw_config: dict, device_type: str, size: int = 2, steps: int = 6, seed: int = 0, **settings
+) -> dict:
+    """`size` ranks (processes on torch.distributed, one GPU each on CUDA) against one process on the
+    same random model (random_model gives each rank its slices): a prefill of three prompts, then
+    greedy decode steps, the ranks' logits against the one process's. Returns the largest logit
+    difference, the logits' scale and whether every greedy token agreed."""
+    port, results = free_port(), mp.get_context("spawn").Queue()
+    ranks = WorkerGroup(
+        _check_rank,
+        [(r, size, port, raw_config, device_type, steps, seed, settings, results) for r in range(size)],
+        [f"tensor-parallel check rank {r}" for r in range(size)],
+    )
+    try:
+        while True:
+            try:
+                return results.get(timeout=1.0)
+            except queue.Empty:
+                if (dead := ranks.dead(failed_only=True)) is not None:
+                    raise WorkerError(f"tensor-parallel check: {dead}") from None
+    finally:
+        ranks.stop(timeout_s=30)
+
+
+def _check_rank(rank, size, port, raw_config, device_type, steps, seed, settings, results) -> None:
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    init_group(rank, size, port, device)
+    try:
+        mc = ModelConfig.from_dict(raw_config, "the check's model")
+        config = EngineConfig.from_kwargs(block_size=16, num_kv_blocks=16, max_model_len=128, **settings)
+        shard = Shard(rank, size)
+        tp = ModelRunner(
+            None,
+            mc,
+            config,
+            128,
+            mc.dtype,
+            device,
+            16,
+            model=random_model(mc, mc.dtype, device, seed, shard),
+            shard=shard,
+        )
+        if rank:
+            serve(tp, device)
+            return
+        whole = ModelRunner(None, mc, config, 128, mc.dtype, device, 16, model=random_model(mc, mc.dtype, device, seed))
+        results.put(_compare(whole, tp, mc.vocab_size, steps))
+        broadcast(None)
+    finally:
+        dist.destroy_process_group()
+
+
+def _compare(whole: ModelRunner, tp: ModelRunner, vocab: int, steps: int) -> dict:
+    """Three prompts through both runners (each its own KV cache, the same block tables), one
+    prefill and `steps` decodes, each fed the one process's greedy tokens."""
+    generator = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (5, 17, 9)]
+    blocks = BlockManager(16, 16)
+    seqs = [Sequence(f"check-{i}", p + [0] * steps, SamplingParams(), steps) for i, p in enumerate(prompts)]
+    for seq in seqs:
+        assert blocks.allocate(seq, seq.num_tokens)
+    tokens, starts = prompts, [0] * len(seqs)
+    worst, scale, agree = 0.0, 0.0, True
+    for _ in range(steps + 1):
+        want = whole.execute(whole.prepare_tokens(seqs, tokens, starts, [1] * len(seqs), blocks.block_tables))
+        got = tp.execute(tp.prepare_tokens(seqs, tokens, starts, [1] * len(seqs), blocks.block_tables))
+        worst = max(worst, float((got - want).abs().max()))
+        scale = max(scale, float(want.abs().max()))
+        agree &= bool(torch.equal(got.argmax(-1), want.argmax(-1)))
+        starts = [s + len(t) for s, t in zip(starts, tokens)]
+        tokens = [[t] for t in want.argmax(-1).tolist()]
+    return dict(size=tp.shard.size, steps=steps, max_abs_logit_diff=worst, logit_scale=scale, greedy_tokens_agree=agree)

@@ -1,0 +1,19 @@
+"""Configuration: the checkpoint's model configuration (model.py) and the engine's settings
+(engine.py, with the CPU backend's in cpu.py and speculative decoding's in speculative.py)."""
+
+from sut.config.cpu import CpuSettings
+from sut.config.engine import EngineConfig, resolved_dtype, resolved_max_model_len
+from sut.config.model import DTYPES, SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from sut.config.speculative import SpeculativeConfig
+
+__all__ = [
+    "DTYPES",
+    "SUPPORTED_ARCHITECTURES",
+    "CpuSettings",
+    "EngineConfig",
+    "ModelConfig",
+    "RopeScaling",
+    "SpeculativeConfig",
+    "resolved_dtype",
+    "resolved_max_model_len",
+]

@@ -1,0 +1,350 @@
+"""The online engine: requests come in with `add_request` (from any thread), `step` runs one
+iteration (schedule, prepare, execute, sample, update) and returns the requests that finished in it.
+
+A bad request is refused in `add_request` with an InvalidRequestError; a request whose token
+callback raises, or whose logits come out NaN or inf, is finished alone with an error; none of
+these disturbs the others.
+"""
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from sut.config import EngineConfig, ModelConfig, resolved_dtype, resolved_max_model_len
+from sut.engine.block_manager import BlockManager
+from sut.engine.processes import WorkerGroup
+from sut.engine.requests import load_tokenizer, make_sequence
+from sut.engine.scheduler import Scheduler
+from sut.errors import CheckpointError, ConfigError, InvalidRequestError, WorkerError
+from sut.model.checksums import verify_folder
+from sut.outputs import RequestOutput
+from sut.parallel import Shard, broadcast, check_divides, free_port, init_group
+from sut.sample.sampler import sample
+from sut.sample.verifier import verify
+from sut.sampling_params import SamplingParams
+from sut.sequence import Sequence
+from sut.spec_decode.draft_model import DraftModelProposer, check_draft_folder
+from sut.spec_decode.ngram import NgramProposer
+from sut.worker.model_runner import ModelRunner
+from sut.worker.tp_worker import worker_main
+
+
+class LLMEngine:
+    def __init__(self, model_path: str | Path, **settings):
+        self.config = EngineConfig.from_kwargs(**settings)
+        if self.config.data_parallel_size > 1:
+            raise ConfigError(
+                "engine setting data_parallel_size > 1 runs several engines: use sut.make_engine "
+                "(or LLM), which starts them"
+            )
+        folder = Path(model_path).expanduser()
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: model folder does not exist")
+        self.model_config = ModelConfig.from_folder(folder)
+        mc = self.model_config
+        self.max_model_len = resolved_max_model_len(self.config, mc)
+        if self.max_model_len > mc.max_position_embeddings:
+            raise ConfigError(
+                f"engine setting max_model_len={self.max_model_len} exceeds the model's "
+                f"max_position_embeddings={mc.max_position_embeddings}"
+            )
+        whole_prompts = self.config.static_batching or not self.config.enable_chunked_prefill
+        if whole_prompts and self.max_model_len > self.config.max_num_batched_tokens:
+            raise ConfigError(
+                f"without chunked prefill every sequence must fit one step: max_model_len "
+                f"{self.max_model_len} exceeds max_num_batched_tokens "
+                f"{self.config.max_num_batched_tokens}; lower the one or raise the other"
+            )
+        device = self.config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.dtype = resolved_dtype(self.config, mc)
+        spec = self.config.speculative_config
+        if spec is not None:
+            spec.check_fits(self.max_model_len, self.config.max_num_batched_tokens)
+            if spec.method == "draft_model":  # checked before either model loads
+                draft_folder = Path(spec.model).expanduser()
+                draft_config = check_draft_folder(draft_folder, folder, mc)
+                if draft_config.max_position_embeddings < self.max_model_len:
+                    raise ConfigError(
+                        f"engine setting speculative_config.model: the draft {draft_folder} has "
+                        f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
+                        f"target's max_model_len={self.max_model_len}"
+                    )
+        if self.config.verify_checksums:
+            verify_folder(folder)
+            if spec is not None and spec.method == "draft_model":
+                verify_folder(draft_folder)
+        self.tokenizer = load_tokenizer(folder)
+        self.eos_token_ids = mc.eos_token_ids
+        draft = None
+        if spec is not None and spec.method == "draft_model":
+            draft = (draft_config, sum(f.stat().st_size for f in draft_folder.glob("*.safetensors")))
+        self.ranks, shard = self._start_ranks(folder, settings)
+        try:
+            self.runner = ModelRunner(
+                folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft, shard=shard
+            )
+            if shard is not None:  # the other ranks size their caches as this one, then say what they hold
+                broadcast(self.runner.num_blocks)
+                self.rank_weight_bytes = [None] * shard.size
+                dist.all_gather_object(self.rank_weight_bytes, self.runner.weight_bytes)
+        except BaseException:
+            self.close()
+            raise
+        self._reset_scheduling()
+        self.default_generator = torch.Generator().manual_seed(self.config.seed)
+        self.proposer = None
+        if spec is not None and spec.method == "ngram":
+            self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        elif spec is not None:
+            self.proposer = DraftModelProposer(
+                draft_folder,
+                draft_config,
+                self.config,
+                self.max_model_len,
+                self.dtype,
+                self.device,
+                self.runner.num_blocks,
+                self.default_generator,
+            )
+        self._lock = threading.Lock()
+        self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
+        self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
+        self._next_id = itertools.count()
+
+    def _start_ranks(self, folder: Path, settings: dict):
+        """With tensor_parallel_size > 1: the other ranks' processes, and this one's shard (rank 0)."""
+        size = self.config.tensor_parallel_size
+        if size == 1:
+            return None, None
+        check_divides(self.model_config, size)
+        if self.config.cuda_graphs:
+            raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
+        if self.device.type == "cuda" and torch.cuda.device_count() < size:
+            raise ConfigError(
+                f"engine setting tensor_parallel_size={size} needs {size} GPUs, and "
+                f"{torch.cuda.device_count()} are visible"
+            )
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", 0)  # rank r runs on the r-th visible GPU
+        elif hasattr(os, "sched_getaffinity"):
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+        port = free_port()
+        ranks = WorkerGroup(
+            worker_main,
+            [(r, size, port, str(folder), settings, self.device.type) for r in range(1, size)],
+            [f"tensor-parallel rank {r}" for r in range(1, size)],
+        )
+        try:
+            ranks.wait_started()  # before joining the group, which would wait a minute for a dead rank
+            init_group(0, size, port, self.device)
+        except BaseException:
+            ranks.stop()
+            raise
+        return ranks, Shard(0, size)
+
+    def _reset_scheduling(self) -> None:
+        """A block manager and scheduler with nothing cached, counted or timed."""
+        self.block_manager = BlockManager(
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
+
+    def warmup(self) -> float:
+        """Run, before a timed run starts, what its steps will run for the first time: a prompt alone
+        (batch 1), then prompts that fill steps to the token budget in chunks beside decodes (mixed
+        steps) and decode together, greedy and sampled, speculating where the engine does; on CUDA
+        also the decode kernel at every split count. Triton compiles each kernel variant on first use
+        (seconds each) and the CPU backend's GEMMs pack and fault their weights in; here, not in the
+        first queries. Leaves nothing cached, counted or timed; returns the seconds it took."""
+        if self.has_unfinished():
+            raise ConfigError("warmup() runs on an idle engine, before requests arrive")
+        start = time.perf_counter()
+        vocab, budget = self.model_config.vocab_size, self.config.max_num_batched_tokens
+        longest = max(1, min(self.max_model_len - 8, budget + budget // 2))  # two chunks
+        lengths = [7, longest] + [1 + (13 * i) % 48 for i in range(max(0, min(self.config.max_num_seqs, 16) - 2))]
+        prompts = [[(31 * i + 7 * j + 1) % vocab for j in range(n)] for i, n in enumerate(lengths)]
+        params = [
+            SamplingParams(max_tokens=6, ignore_eos=True, **({} if i % 2 else {"temperature": 1.0, "seed": i}))
+            for i in range(len(prompts))
+        ]
+        for group in ([0], range(1, len(prompts))):
+            self.submit([self.make_sequence(prompts[i], params[i]) for i in group])
+            while self.has_unfinished():
+                self.step()
+        self.runner.warmup_kernels()
+        self._reset_scheduling()
+        return time.perf_counter() - start
+
+    # ---- requests -------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id=None,
+        on_token: Callable[[int], None] | None = None,
+    ):
+        """Queue a request; return its id. `on_token(token_id)` is called as each token is sampled."""
+        seq = self.make_sequence(prompt, params, request_id, on_token)
+        self.submit([seq])
+        return seq.request_id
+
+    def make_sequence(self, prompt, params=None, request_id=None, on_token=None) -> Sequence:
+        """Validate a request and build its sequence without queueing it."""
+        if request_id is None:
+            request_id = next(self._next_id)
+        return make_sequence(
+            prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size, self.max_model_len
+        )
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self._lock:
+            for seq in seqs:
+                if seq.request_id in self._live:
+                    raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+            for seq in seqs:
+                self._live[seq.request_id] = seq
+                self._inbox.append(("add", seq))
+
+    def abort(self, request_id) -> None:
+        with self._lock:
+            self._inbox.append(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._inbox) or self.scheduler.has_unfinished()
+
+    # ---- the step loop --------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        finished = self._take_inbox()
+        finished += self.scheduler.end_static_batch()
+        start = time.perf_counter()
+        if self.proposer is not None:
+            self.scheduler.propose(self.proposer)
+        batch = self.scheduler.schedule(start)
+        if batch:
+            step_input = self.runner.prepare(batch)
+            try:
+                logits = self.runner.execute(step_input)
+            except RuntimeError as e:  # a collective fails when a rank has gone
+                dead = self.ranks is not None and self.ranks.dead(grace_s=2.0)
+                if dead:
+                    raise WorkerError(dead) from e
+                raise
+            if self.proposer is None:
+                sampled = [
+                    None if t is None else [t]
+                    for t in sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)
+                ]
+            else:
+                sampled = verify(
+                    logits,
+                    batch.sampling_seqs,
+                    self.eos_token_ids,
+                    self.default_generator,
+                    self.runner.model.ops.rejection_sample,
+                )
+            now = time.perf_counter()
+            self.scheduler.record_step(batch, now - start)
+            finished += self.scheduler.update_from_output(batch, sampled, now)
+        return [self._output(seq) for seq in self._forget(finished)]
+
+    def _take_inbox(self) -> list[Sequence]:
+        """Hand new requests to the scheduler and abort the ones asked; return those aborted."""
+        aborted: list[Sequence] = []
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+        for kind, item in inbox:
+            if kind == "add":
+                self.scheduler.add(item)
+            else:
+                seq = self._live.get(item)
+                if seq is not None and not seq.is_finished:
+                    self.scheduler.finish(seq, "abort")
+                    aborted.append(seq)
+        return aborted
+
+    def _forget(self, finished: list[Sequence]) -> list[Sequence]:
+        with self._lock:
+            for seq in finished:
+                self._live.pop(seq.request_id, None)
+        return finished
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """Finish every unfinished request with `error` (after a step raised): callers get an
+        answer for each instead of waiting forever, and the engine is empty and usable again."""
+        with self._lock:
+            inbox, self._inbox = self._inbox, []
+            # Those that finished (or were aborted) in the step that raised, before it returned them.
+            finished = [seq for seq in self._live.values() if seq.is_finished]
+        for kind, item in inbox:  # queued requests join the scheduler's waiting list, then fail with it
+            if kind == "add":
+                self.scheduler.add(item)
+        for seq in self.scheduler.running + list(self.scheduler.waiting):
+            seq.error = error
+            self.scheduler.finish(seq, "error")
+            finished.append(seq)
+        return [self._output(seq) for seq in self._forget(finished)]
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        text = None
+        if self.tokenizer is not None:
+            text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+        return RequestOutput(
+            seq.request_id,
+            seq.prompt_token_ids,
+            list(seq.output_token_ids),
+            text,
+            seq.finish_reason,
+            seq.error,
+            seq.num_preemptions,
+        )
+
+    def close(self) -> None:
+        """Stop the other tensor-parallel ranks, if any, and wait for them (killing one that does not
+        stop): none is left behind."""
+        ranks = getattr(self, "ranks", None)
+        if ranks is None:
+            return
+        n = len(ranks.procs)
+        ranks.stop(ask=lambda alive: broadcast(None) if len(alive) == n and dist.is_initialized() else None)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def spec_stats(self) -> dict | None:
+        """Speculative decoding's counts and rates (sut/spec_decode/metrics.py), with the method; None when
+        the engine does not speculate."""
+        spec = self.config.speculative_config
+        if spec is None:
+            return None
+        return {
+            "method": spec.method,
+            "description": spec.describe(),
+            "num_speculative_tokens": spec.num_speculative_tokens,
+            "adaptive": spec.adaptive,
+            **self.scheduler.spec_metrics.summary(),
+        }
+
+    def busy_stats(self) -> dict:
+        """Seconds the steps took since the engine started (or warmed up), split between prefill and
+        decode (Scheduler.record_step says how)."""
+        return {f"{kind}_s": seconds for kind, seconds in self.scheduler.busy_s.items()}
+
+    def kv_cache_stats(self) -> dict:
+        return {
+            "block_size": self.config.block_size,
+            "num_blocks": self.block_manager.num_blocks,
+            "peak_blocks_used": self.scheduler.peak_blocks_used,
+            "tokens_at_peak": self.scheduler.tokens_at_peak,
+            "num_preemptions": self.scheduler.num_preemptions,
+            "num_prefix_hit_tokens": self.block_manager.num_prefix_hit_tokens,
+        }

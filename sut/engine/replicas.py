@@ -1,0 +1,337 @@
+"""Data parallelism: `data_parallel_size` engine replicas, each an LLMEngine in its own process
+pinned to its own devices (CUDA_VISIBLE_DEVICES) or, on CPU, to a disjoint set of cores with as many
+threads, behind one object with the online engine's interface (`add_request`, `step`, ...), so the
+offline API and the LoadGen harness drive N replicas as they drive one engine.
+
+A request goes to the replica with the least outstanding work (prompt plus max_tokens of what it
+has in flight, a token count, as the prefill and decode it still owes). Each replica steps its
+engine and, once a step, sends back what that step produced: the tokens of requests that stream
+them and the requests that finished. A replica that dies (killed, out of memory, an exception)
+makes the next `step` raise WorkerError naming it; every request still in flight then gets an
+error output from `fail_all`, once, and the pool refuses new ones.
+"""
+
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from sut.config import EngineConfig, ModelConfig, resolved_dtype
+from sut.engine.llm_engine import LLMEngine
+from sut.engine.processes import WorkerGroup
+from sut.engine.requests import load_tokenizer, make_sequence
+from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, WorkerError
+from sut.model.checksums import verify_folder
+from sut.outputs import RequestOutput
+from sut.sampling_params import SamplingParams
+from sut.sequence import Sequence
+from sut.spec_decode.metrics import SpecMetrics
+
+POLL_S = 0.05  # how long `step` waits for a replica's news before looking at the processes
+
+
+def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
+    """Each replica's environment and cores: on CUDA `gpus_each` GPUs each (its tensor-parallel
+    ranks'; the engine sees them from cuda:0 on), on CPU a contiguous, disjoint share of this
+    process's cores."""
+    if device.startswith("cuda"):
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
+        if len(gpus) < n * gpus_each:
+            raise ConfigError(
+                f"engine settings data_parallel_size={n} x tensor_parallel_size={gpus_each} need "
+                f"{n * gpus_each} GPUs, and {len(gpus)} are visible"
+            )
+        return [
+            dict(env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_each : (i + 1) * gpus_each])}, cores=None)
+            for i in range(n)
+        ]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
+    if len(cores) < n:
+        raise ConfigError(f"engine setting data_parallel_size={n} needs {n} cores, and this process has {len(cores)}")
+    share = len(cores) // n
+    # OMP_NUM_THREADS for the C kernels' OpenMP, which sizes its pool when their library loads.
+    return [dict(env={"OMP_NUM_THREADS": str(share)}, cores=cores[i * share : (i + 1) * share]) for i in range(n)]
+
+
+def _replica_main(index: int, model: str, settings: dict, cores: list[int] | None, inbox, outbox) -> None:
+    """A replica's process (its environment set at spawn): build the engine, then step it and take
+    requests until told to stop or its parent is gone."""
+    # Ctrl-C reaches the whole process group: the parent decides what it means and stops the replicas.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent = os.getppid()
+    if cores:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
+    try:
+        engine = LLMEngine(model, **settings)
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which names the replica
+        outbox.put(("failed", index, f"{type(e).__name__}: {e}"))
+        return
+    outbox.put(("ready", index, engine.max_model_len))
+    streamed: list[tuple[object, int]] = []  # (request id, token) of this step, for the parent's on_token
+    while True:
+        messages = []
+        while not messages and not engine.has_unfinished():
+            try:
+                messages.append(inbox.get(timeout=1.0))
+            except queue.Empty:
+                if os.getppid() != parent:  # orphaned (the parent was killed): nobody to answer
+                    return
+        while True:
+            try:
+                messages.append(inbox.get_nowait())
+            except queue.Empty:
+                break
+        for kind, *args in messages:
+            if kind == "stop":
+                return
+            if kind == "add":
+                request_id, prompt, params, stream = args
+                on_token = (lambda token, rid=request_id: streamed.append((rid, token))) if stream else None
+                try:
+                    engine.add_request(prompt, params, request_id, on_token)
+                except SaafError as e:
+                    outbox.put(("step", index, [], [RequestOutput(request_id, prompt, [], None, "error", str(e))]))
+            elif kind == "abort":
+                engine.abort(args[0])
+            elif kind == "call":  # an engine method the pool calls on every replica (warmup, the stats)
+                outbox.put(("reply", index, getattr(engine, args[0])()))
+        if engine.has_unfinished():
+            try:
+                finished = engine.step()
+            except Exception as e:  # noqa: BLE001 - fail what is in flight, answer it, keep serving
+                finished = engine.fail_all(f"engine step failed in data-parallel replica {index}: {e!r}")
+            if finished or streamed:
+                outbox.put(("step", index, streamed, finished))
+                streamed = []
+
+
+class ReplicaPool:
+    """N replicas of `LLMEngine(model, **settings)` (settings without data_parallel_size) with the
+    online engine's interface."""
+
+    def __init__(self, model: str | Path, data_parallel_size: int, **settings):
+        self.config = EngineConfig.from_kwargs(**settings)
+        folder = Path(model).expanduser()
+        if not folder.is_dir():
+            raise CheckpointError(f"{folder}: model folder does not exist")
+        self.model_config = ModelConfig.from_folder(folder)
+        if self.config.verify_checksums:  # once here, rather than in every replica
+            verify_folder(folder)
+            spec = self.config.speculative_config
+            if spec is not None and spec.method == "draft_model":
+                verify_folder(Path(spec.model).expanduser())
+        self.tokenizer = load_tokenizer(folder)
+        self.dtype = resolved_dtype(self.config, self.model_config)
+        device = self.config.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda:"):
+            raise ConfigError(
+                f"engine setting device={device!r} names one GPU, and data_parallel_size="
+                f"{data_parallel_size} gives each replica its own: use 'cuda'"
+            )
+        self.device = torch.device(device)
+        self.num_replicas = data_parallel_size
+        ctx = mp.get_context("spawn")
+        self._outbox = ctx.Queue()
+        self._inboxes = [ctx.Queue() for _ in range(data_parallel_size)]
+        self.placements = placements(data_parallel_size, device, self.config.tensor_parallel_size)
+        worker_settings = {**settings, "device": device, "verify_checksums": False}
+        # Not daemonic, so that a replica can start tensor-parallel ranks of its own; the finalizer
+        # below stops them at exit, and each stops by itself when orphaned.
+        self.workers = WorkerGroup(
+            _replica_main,
+            [
+                (i, str(folder), worker_settings, p["cores"], self._inboxes[i], self._outbox)
+                for i, p in enumerate(self.placements)
+            ],
+            [f"data-parallel replica {i}" for i in range(data_parallel_size)],
+            envs=[p["env"] for p in self.placements],
+            daemon=False,
+            where=[
+                f"cores {p['cores']}" if p["cores"] else f"GPU {p['env']['CUDA_VISIBLE_DEVICES']}"
+                for p in self.placements
+            ],
+        )
+        inboxes = self._inboxes  # the finalizer must not hold the pool
+
+        def ask_to_stop(alive: list[int]) -> None:
+            for i in alive:
+                inboxes[i].put(("stop",))
+
+        self._stop = weakref.finalize(self, self.workers.stop, ask_to_stop)
+        self._lock = threading.Lock()
+        self._live: dict[object, tuple[int, int, Callable | None, Sequence]] = {}  # id -> replica, cost, on_token, seq
+        self._outstanding = [0] * data_parallel_size
+        self._next_id = iter(range(2**62))
+        self._failed: str | None = None
+        self._replies: dict[str, dict[int, object]] = {"ready": {}, "reply": {}}  # kind -> replica -> reply
+        try:
+            lengths = [self._wait_for("ready", i) for i in range(data_parallel_size)]
+        except BaseException:
+            self.close()
+            raise
+        self.max_model_len = lengths[0]
+
+    # ---- the replicas' news ----------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if (dead := self.workers.dead()) is not None:
+            self._failed = dead
+            raise WorkerError(dead)
+
+    def _receive(self, timeout: float) -> tuple | None:
+        try:
+            return self._outbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def _wait_for(self, kind: str, index: int):
+        """Replica `index`'s next `kind` reply, handling the replicas' other news meanwhile."""
+        while index not in self._replies[kind]:
+            message = self._receive(POLL_S)
+            if message is None:
+                self._check_alive()
+            else:
+                self._handle(message)
+        return self._replies[kind].pop(index)
+
+    def _handle(self, message: tuple) -> list[RequestOutput]:
+        kind, index, *payload = message
+        if kind == "failed":
+            self._failed = f"{self.workers.describe(index)} could not start: {payload[0]}"
+            raise WorkerError(self._failed)
+        if kind != "step":
+            self._replies[kind][index] = payload[0] if len(payload) == 1 else payload
+            return []
+        streamed, finished = payload
+        for request_id, token in streamed:
+            entry = self._live.get(request_id)
+            if entry is not None and entry[2] is not None:
+                entry[2](token)
+        done = []
+        with self._lock:
+            for out in finished:
+                entry = self._live.pop(out.request_id, None)
+                if entry is not None:
+                    self._outstanding[entry[0]] -= entry[1]
+                    done.append(out)
+        return done
+
+    # ---- the online engine's interface -------------------------------------------------------
+    def make_sequence(self, prompt, params=None, request_id=None, on_token=None) -> Sequence:
+        if request_id is None:
+            request_id = next(self._next_id)
+        return make_sequence(
+            prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size, self.max_model_len
+        )
+
+    def add_request(self, prompt, params: SamplingParams | None = None, request_id=None, on_token=None):
+        seq = self.make_sequence(prompt, params, request_id, on_token)
+        self.submit([seq])
+        return seq.request_id
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        with self._lock:
+            if self._failed:
+                raise WorkerError(f"the engine's replicas stopped: {self._failed}")
+            for seq in seqs:
+                if seq.request_id in self._live:
+                    raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+            for seq in seqs:
+                cost = len(seq.prompt_token_ids) + seq.max_tokens
+                index = min(range(self.num_replicas), key=self._outstanding.__getitem__)
+                self._outstanding[index] += cost
+                self._live[seq.request_id] = (index, cost, seq.on_token, seq)
+                self._inboxes[index].put(
+                    ("add", seq.request_id, seq.prompt_token_ids, seq.params, seq.on_token is not None)
+                )
+
+    def abort(self, request_id) -> None:
+        with self._lock:
+            entry = self._live.get(request_id)
+        if entry is not None:
+            self._inboxes[entry[0]].put(("abort", request_id))
+
+    def has_unfinished(self) -> bool:
+        with self._lock:
+            return bool(self._live)
+
+    def step(self) -> list[RequestOutput]:
+        """What the replicas finished since the last call (their streamed tokens go to each request's
+        on_token first); waits up to POLL_S for news. WorkerError if a replica died."""
+        message = self._receive(POLL_S)
+        if message is None:
+            self._check_alive()
+            return []
+        done = self._handle(message)
+        while (message := self._receive(0)) is not None:
+            done += self._handle(message)
+        return done
+
+    def fail_all(self, error: str) -> list[RequestOutput]:
+        """An error output for every request in flight, each once."""
+        with self._lock:
+            live, self._live = self._live, {}
+            self._outstanding = [0] * self.num_replicas
+        return [
+            RequestOutput(rid, seq.prompt_token_ids, [], None, "error", error) for rid, (_, _, _, seq) in live.items()
+        ]
+
+    def _call_all(self, method: str) -> list:
+        """Engine method `method` (no arguments) run on every replica at once: their results in order."""
+        for inbox in self._inboxes:
+            inbox.put(("call", method))
+        return [self._wait_for("reply", i) for i in range(self.num_replicas)]
+
+    def warmup(self) -> float:
+        """Every replica's warm-up, at once; the seconds of the slowest."""
+        return max(self._call_all("warmup"))
+
+    def spec_stats(self) -> dict | None:
+        """Speculation's counts summed over the replicas (rates from the sums); None without it."""
+        per_replica = self._call_all("spec_stats")
+        if per_replica[0] is None:
+            return None
+        total = SpecMetrics(per_replica[0]["num_speculative_tokens"])
+        for spec in per_replica:
+            total.num_proposals += spec["num_proposals"]
+            total.num_draft_tokens += spec["num_draft_tokens"]
+            total.num_accepted_tokens += spec["num_accepted_tokens"]
+            total.proposed_at = [a + b for a, b in zip(total.proposed_at, spec["proposed_at_position"])]
+            total.accepted_at = [a + b for a, b in zip(total.accepted_at, spec["accepted_at_position"])]
+        return {**per_replica[0], **total.summary()}
+
+    def kv_cache_stats(self) -> dict:
+        """Each replica's (a list)."""
+        return {"replicas": self._call_all("kv_cache_stats")}
+
+    def busy_stats(self) -> dict:
+        """Summed over the replicas (machine time: each replica holds its own devices)."""
+        per_replica = self._call_all("busy_stats")
+        return {key: sum(b[key] for b in per_replica) for key in per_replica[0]}
+
+    def close(self) -> None:
+        """Stop every replica and wait for it: none is left behind. Then let go of the queues, whose
+        semaphores are freed with them (a process that ends in os._exit, as the harness on Ctrl-C,
+        would otherwise leave them to the resource tracker, which warns of leaks)."""
+        self._stop()
+        if self._outbox is None:  # closed before
+            return
+        # A replica that ended on its own (exit 0) read its inbox up to "stop", the last message sent:
+        # each feeder thread has written everything and ends once closed. One that was killed may have
+        # left its inbox's feeder blocked on a full pipe: never wait for that.
+        read_to_the_end = all(proc.exitcode == 0 for proc in self.workers.procs)
+        for q in (self._outbox, *self._inboxes):
+            if not read_to_the_end:
+                q.cancel_join_thread()
+            q.close()
+            q.join_thread()
+        self._outbox, self._inboxes = None, []

@@ -1,0 +1,181 @@
+"""The Llama architecture (Llama 2, Llama 3/3.1, SmolLM2): GQA attention over the paged KV cache,
+SwiGLU MLP, RMSNorm, rotary embeddings with Llama 3.1's scaling. Parameter names follow Hugging
+Face's, except that q/k/v and gate/up are fused into one GEMM each (FusedLinear); the loader fills
+those from the checkpoint's separate tensors. Numerics follow transformers' implementation (norms in
+fp32, rope tables in fp32), which is what makes greedy output token-identical to it. The norms,
+rope, KV-cache write and attention go through `self.ops` (kernels.KernelOps: the PyTorch ops or
+our Triton kernels, set by the runner)."""
+
+import math
+
+import torch
+from torch import nn
+
+from kernels import TORCH_OPS, AttentionMetadata, KernelOps
+from sut.config import ModelConfig
+from sut.parallel import Shard, all_reduce, embed, gather_logits
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None, ops: KernelOps):
+        """The norm of `x + residual` (of `x` when there is no residual yet) and the new residual."""
+        if residual is None:
+            return ops.rms_norm(x, self.weight, self.eps), x
+        return ops.add_rms_norm(x, residual, self.weight, self.eps)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    dim = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    s = config.rope_scaling
+    if s is None:
+        return inv_freq
+    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+    wavelen = 2 * math.pi / inv_freq
+    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
+    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+        s.high_freq_factor - s.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
+    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
+    return torch.where(in_band, blended, scaled)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for every position, computed once in fp32 (rotate-half layout)."""
+
+    def __init__(self, config: ModelConfig, device: torch.device | str):
+        super().__init__()
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(positions, rope_inv_freq(config))
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.register_buffer("cos", emb.cos().to(device), persistent=False)
+        self.register_buffer("sin", emb.sin().to(device), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin `[num_tokens, head_dim]` for these positions (once per step, not per layer)."""
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
+
+
+class FusedLinear(nn.Linear):
+    """Several of the checkpoint's linear layers over the same input, stacked along the output:
+    `shards` maps each one's name (e.g. "q_proj") to its output size, in row order."""
+
+    def __init__(self, in_features: int, shards: dict[str, int], bias: bool):
+        super().__init__(in_features, sum(shards.values()), bias=bias)
+        self.shards = shards
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+        bias = config.attention_bias
+        # q, k and v in one GEMM (one weight read, one call); the loader fills its row blocks
+        # from the checkpoint's q_proj, k_proj and v_proj.
+        self.qkv_sizes = [self.num_heads * self.head_dim] + [self.num_kv_heads * self.head_dim] * 2
+        self.qkv_proj = FusedLinear(
+            config.hidden_size,
+            {"q_proj": self.qkv_sizes[0], "k_proj": self.qkv_sizes[1], "v_proj": self.qkv_sizes[2]},
+            bias,
+        )
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.scale = self.head_dim**-0.5
+        self.k_cache = self.v_cache = torch.empty(0)  # views into the runner's KV pool
+        self.tp: Shard | None = None  # tensor parallel: this rank's heads, its output summed over the ranks
+
+    def forward(self, x, rope: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, ops: KernelOps):
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.qkv_sizes, dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)
+        k = k.view(n, self.num_kv_heads, self.head_dim)
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        q, k = ops.rotary(q, k, *rope)
+        ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        o = ops.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
+        out = self.o_proj(o.view(n, -1))
+        return all_reduce(out) if self.tp else out
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        bias = config.mlp_bias
+        self.gate_up_proj = FusedLinear(
+            config.hidden_size, {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}, bias
+        )
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.tp: Shard | None = None  # tensor parallel: this rank's features, its output summed over the ranks
+
+    def forward(self, x, ops: KernelOps):
+        out = self.down_proj(ops.silu_and_mul(self.gate_up_proj(x)))
+        return all_reduce(out) if self.tp else out
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.self_attn = LlamaAttention(config)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, residual, rope, meta, ops):
+        """This layer's output and the residual stream before it: the add that follows each block
+        is fused into the next norm (`x + residual` is the usual layer output)."""
+        x, residual = self.input_layernorm(x, residual, ops)
+        x = self.self_attn(x, rope, meta, ops)
+        x, residual = self.post_attention_layernorm(x, residual, ops)
+        return self.mlp(x, ops), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.rotary: RotaryEmbedding | None = None  # built on the real device after loading
+        self.ops: KernelOps = TORCH_OPS  # the runner picks the backend
+        self.tp: Shard | None = None  # tensor parallel (sut/parallel/): this rank's vocabulary rows
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states `[num_tokens, hidden]` of a flat batch of tokens."""
+        x = embed(self.model.embed_tokens, input_ids, self.tp) if self.tp else self.model.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
+        residual = None
+        for layer in self.model.layers:
+            x, residual = layer(x, residual, rope, meta, self.ops)
+        return self.model.norm(x, residual, self.ops)[0]
+
+    def finish_loading(self, device: torch.device, shard: Shard | None) -> None:
+        """After the loader has put every checkpoint tensor in place: tie the LM head, build the
+        rope table on `device`, and tell the layers their tensor-parallel rank."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.rotary = RotaryEmbedding(self.config, device)
+        if shard is not None:
+            self.tp = shard
+            for layer in self.model.layers:
+                layer.self_attn.tp = layer.mlp.tp = shard
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.lm_head(hidden).float()
+        return gather_logits(logits, self.tp) if self.tp else logits

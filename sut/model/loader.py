@@ -1,0 +1,220 @@
+"""Load a checkpoint from a local Hugging Face folder (single or sharded safetensors) into the model
+class sut/model/registry.py names for its architecture.
+
+The model is built on the meta device and each tensor is read and put in place one at a time,
+so peak memory is about one copy of the weights. Every problem with the files is a
+CheckpointError naming the file and what is wrong with it.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from sut.config import ModelConfig
+from sut.errors import CheckpointError
+from sut.model.llama import FusedLinear
+from sut.model.registry import model_class
+from sut.parallel import Shard, local_config, read_shard, slice_for
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+
+
+def weight_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index}: not a valid safetensors index ({e!r})") from e
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) that are missing: {missing}")
+        return files
+    # Only the folder's own files: what else a backend keeps beside the checkpoint lives in subfolders.
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{folder}: no *.safetensors checkpoint in the model folder")
+    return files
+
+
+def tensor_names(folder: Path, files: list[Path]) -> dict[Path, list[str]]:
+    """Each file's tensor names. A tensor in two files means one of them is not a shard of this
+    checkpoint: refused by name, before either is read."""
+    from safetensors import SafetensorError, safe_open  # here: sut imports with torch and numpy alone (gpu_check)
+
+    names_in, seen = {}, {}
+    for file in files:
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                names_in[file] = list(f.keys())
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
+        for name in names_in[file]:
+            if name in seen:
+                raise CheckpointError(
+                    f"{folder}: tensor {name!r} is in both {seen[name].name} and {file.name}, so one of them is not "
+                    "a shard of the checkpoint: remove it, or convert the folder again if an older converter wrote "
+                    "it (`make models` for the demo model)"
+                )
+            seen[name] = file
+    return names_in
+
+
+def checkpoint_layout(model: nn.Module) -> dict[str, tuple[str, int, torch.Size]]:
+    """Each checkpoint tensor name -> (model parameter, first row in it, shape in the checkpoint).
+    A fused layer's parameter takes its shards' tensors as row blocks, in order."""
+    layout = {}
+    for module_name, module in model.named_modules():
+        for leaf, param in module.named_parameters(recurse=False):
+            if not isinstance(module, FusedLinear):
+                layout[f"{module_name}.{leaf}"] = (f"{module_name}.{leaf}", 0, param.shape)
+                continue
+            parent, row = module_name.rpartition(".")[0], 0
+            for shard, rows in module.shards.items():
+                layout[f"{parent}.{shard}.{leaf}"] = (
+                    f"{module_name}.{leaf}",
+                    row,
+                    torch.Size([rows, *param.shape[1:]]),
+                )
+                row += rows
+    return layout
+
+
+def load_model(
+    folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard | None = None
+) -> nn.Module:
+    """`shard`: a tensor-parallel rank's part (sut/parallel/), of which alone it reads the
+    checkpoint's slices."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    if shard is not None:
+        config = local_config(config, shard.size)
+    with torch.device("meta"):
+        model = model_class(config)(config)
+    expected = checkpoint_layout(model)
+    if config.tie_word_embeddings:
+        del expected["lm_head.weight"]
+    loaded: set[str] = set()
+    names_in = tensor_names(folder, weight_files(folder))
+    for file, names in names_in.items():
+        try:
+            for name in names:
+                if name.endswith(IGNORED_SUFFIXES) or (config.tie_word_embeddings and name == "lm_head.weight"):
+                    continue
+                if name not in expected:
+                    raise CheckpointError(f"{file}: unexpected tensor {name!r} for a {config.architecture} model")
+                param_name, row, shape = expected[name]
+                # One tensor per opening: the file's pages are mapped only while their tensor is
+                # copied, so peak memory stays about one copy of the weights.
+                with safe_open(file, framework="pt", device="cpu") as f:
+                    tensor = read_shard(f, name, shard)
+                if tensor.shape != shape:
+                    what = f"its tensor-parallel slice {shard.rank}/{shard.size}" if shard else "it"
+                    raise CheckpointError(
+                        f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
+                        f"config.json implies {tuple(shape)}"
+                    )
+                if tensor.is_floating_point() and not tensor.isfinite().all():  # every output would be garbage
+                    raise CheckpointError(f"{file}: tensor {name!r} holds NaN or inf values (a corrupt checkpoint)")
+                _put(model, param_name, row, tensor, device, dtype)
+                loaded.add(name)
+                del tensor
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        raise CheckpointError(f"{folder}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
+    model.finish_loading(device, shard)
+    return model.eval()
+
+
+def _put(model: nn.Module, param_name: str, row: int, tensor: torch.Tensor, device, dtype) -> None:
+    """Copy `tensor` into the rows from `row` on of parameter `param_name`, allocating it on first use."""
+    module_name, _, leaf = param_name.rpartition(".")
+    module = model.get_submodule(module_name)
+    param = getattr(module, leaf)
+    if param.is_meta:  # its first tensor: allocate it for real
+        param = nn.Parameter(torch.empty(param.shape, device=device, dtype=dtype), requires_grad=False)
+        setattr(module, leaf, param)
+    param[row : row + tensor.shape[0]].copy_(tensor)
+
+
+def random_model(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int = 0, shard: Shard | None = None
+) -> nn.Module:
+    """A model of `config`'s shape with random weights (N(0, 0.02), norms 1) and no checkpoint, for
+    benchmarks and checks: each checkpoint tensor drawn whole on `device` from a generator seeded by
+    `seed` and its place in the checkpoint's order, so a tensor-parallel rank (`shard`) holds exactly
+    its slices of the model one process gets."""
+    with torch.device("meta"):
+        whole = checkpoint_layout(model_class(config)(config))
+        model = model_class(config)(local_config(config, shard.size) if shard is not None else config)
+    expected = checkpoint_layout(model)
+    names = [n for n in sorted(whole) if not (config.tie_word_embeddings and n == "lm_head.weight")]
+    for i, name in enumerate(names):
+        shape = whole[name][2]
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(shape, device=device)
+        else:
+            generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+            tensor = torch.randn(shape, generator=generator, device=device) * 0.02
+        param_name, row, _ = expected[name]
+        _put(model, param_name, row, slice_for(name, tensor, shard), device, dtype)
+        del tensor
+    model.finish_loading(device, shard)
+    return model.eval()
+
+
+# A safetensors file copied tensor by tensor, as raw bytes (make_draft's subsets of a checkpoint).
+COPY_CHUNK = 16 << 20  # bytes copied at a time
+
+
+def read_header(path: Path) -> tuple[dict, int]:
+    """A safetensors file's header ({name: {dtype, shape, data_offsets}, "__metadata__": ...}) and
+    the offset in the file where its tensor data starts."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(size))
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path}: cannot read its safetensors header ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: its safetensors header is not a JSON object")
+    return header, 8 + size
+
+
+def copy_tensors(sources: dict[str, Path], dest: Path, metadata: dict[str, str]) -> None:
+    """Write the safetensors file `dest` of the tensors {name: file it is in}, in that order, with
+    `metadata`: the header from the sources' entries, then each tensor's bytes copied in chunks."""
+    headers = {file: read_header(file) for file in set(sources.values())}
+    entries, offset = {}, 0
+    for name, file in sources.items():
+        entry = headers[file][0][name]
+        begin, end = entry["data_offsets"]
+        entries[name] = {
+            "dtype": entry["dtype"],
+            "shape": entry["shape"],
+            "data_offsets": [offset, offset + end - begin],
+        }
+        offset += end - begin
+    header = json.dumps({"__metadata__": metadata, **entries} if metadata else entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)  # data aligned to 8 bytes, as the safetensors library writes it
+    buffer = memoryview(bytearray(COPY_CHUNK))
+    with open(dest, "wb") as out:
+        out.write(len(header).to_bytes(8, "little"))
+        out.write(header)
+        for name, file in sources.items():
+            begin, end = headers[file][0][name]["data_offsets"]
+            with open(file, "rb") as src:
+                src.seek(headers[file][1] + begin)
+                left = end - begin
+                while left:
+                    n = src.readinto(buffer[: min(left, COPY_CHUNK)])
+                    if not n:
+                        raise CheckpointError(f"{file}: ends inside tensor {name!r} (truncated)")
+                    out.write(buffer[:n])
+                    left -= n

@@ -1,0 +1,209 @@
+"""Runs the model on a scheduled batch: owns the weights and the KV-cache pool; `prepare` turns the
+batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
+`execute` runs the forward on it and returns the logits of the rows the batch wants."""
+
+from itertools import chain
+
+import numpy as np
+import torch
+
+from kernels import AttentionMetadata, paged_attention_triton, select_ops
+from kernels.decode_attention import MAX_SPLITS, decode_attention_triton
+from sut.batch import ScheduledBatch
+from sut.config import EngineConfig, ModelConfig
+from sut.cpu.backend import setup_cpu_backend
+from sut.errors import ConfigError
+from sut.model.loader import load_model
+from sut.parallel import Shard, broadcast, local_config
+from sut.sequence import Sequence
+from sut.worker.cuda_graphs import DecodeGraphs
+from sut.worker.step_input import StepInput
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_path,
+        model_config: ModelConfig,
+        config: EngineConfig,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_blocks: int | None = None,
+        draft: tuple[ModelConfig, int] | None = None,
+        model=None,
+        shard: Shard | None = None,
+    ):
+        """`num_blocks`: the KV pool's size (a draft model's runner takes the target's, to share its
+        block tables); by default from the settings or the memory free, shared with `draft` (a draft
+        model's config and weight bytes, loaded after this runner) where there is one. `model`: one
+        already built (random weights, for a benchmark) in place of loading `model_path`'s. `shard`:
+        a tensor-parallel rank's part of the model and its KV cache; rank 0's runner broadcasts each
+        step input to the other ranks' (sut/parallel/)."""
+        self.device = device
+        if device.type == "cuda" and device.index is not None:
+            torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
+        self.block_size = config.block_size
+        self.shard = shard
+        self.model = model if model is not None else load_model(model_path, model_config, dtype, device, shard)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
+        if shard is not None:
+            model_config = local_config(model_config, shard.size)
+        # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend
+        # switch (for a tensor-parallel rank, only what works on its slices).
+        self.cpu = (
+            setup_cpu_backend(self.model, model_path, config.cpu, sliced=shard is not None)
+            if device.type == "cpu"
+            else None
+        )
+        try:
+            self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
+        except ValueError as e:  # kernels knows nothing of the engine's errors
+            raise ConfigError(f"engine setting {e}") from None
+        c = model_config
+        self.bytes_per_block = kv_bytes_per_block(c, config.block_size, dtype)
+        self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config, draft)
+        if self.num_blocks * self.block_size < max_model_len:
+            raise ConfigError(
+                f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
+                f"max_model_len={max_model_len} tokens; raise num_kv_blocks / kv_cache_memory_gb or lower max_model_len"
+            )
+        # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
+        self.kv_cache = torch.zeros(
+            2, c.num_layers, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device
+        )
+        for i, layer in enumerate(self.model.model.layers):
+            layer.self_attn.k_cache = self.kv_cache[0, i]
+            layer.self_attn.v_cache = self.kv_cache[1, i]
+        # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
+        # the step's hidden states, or None for a step it does not take.
+        # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
+        spec = config.speculative_config
+        self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
+        self.graphs = None
+        if config.cuda_graphs:
+            if device.type != "cuda":
+                raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {device}")
+            self.graphs = DecodeGraphs(
+                self.model, config.max_num_seqs, -(-max_model_len // self.block_size), max_model_len, device
+            )
+
+    def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
+        if config.kv_cache_memory_gb is not None:
+            budget = config.kv_cache_memory_gb * 2**30
+        elif self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            # Leave room for one step's activations and logits (a generous estimate).
+            activations = config.max_num_batched_tokens * (6 * mc.hidden_size + 3 * mc.intermediate_size) * 4
+            logits = config.max_num_seqs * mc.vocab_size * 4 * 3
+            budget = free - (1 - config.gpu_memory_utilization) * total - activations - logits
+        else:
+            budget = self.cpu.kv_cache_bytes
+        per_block = self.bytes_per_block
+        if draft is not None:  # the draft's weights and its cache of as many blocks come out of it too
+            draft_config, draft_weight_bytes = draft
+            budget -= draft_weight_bytes if self.device.type == "cuda" else 0
+            per_block += kv_bytes_per_block(draft_config, config.block_size, self.model.model.embed_tokens.weight.dtype)
+        return max(0, int(budget // per_block))
+
+    def prepare(self, batch: ScheduledBatch) -> StepInput:
+        """The step input of `batch`: each sequence's uncomputed tokens, then its drafts."""
+        seqs = batch.seqs
+        starts = [s.num_computed_tokens for s in seqs]
+        tokens = [
+            s.token_slice(a, a + n - d) + s.spec_token_ids if d else s.token_slice(a, a + n)
+            for s, a, n, d in zip(seqs, starts, batch.num_new_tokens, batch.num_draft)
+        ]
+        return self.prepare_tokens(seqs, tokens, starts, batch.num_logits, batch.block_tables)
+
+    def prepare_tokens(
+        self,
+        seqs: list[Sequence],
+        tokens: list[list[int]],
+        starts: list[int],
+        num_logits: list[int],
+        block_tables: np.ndarray,
+    ) -> StepInput:
+        """The step input that computes `tokens[i]` of `seqs[i]` at positions from `starts[i]` on, in its
+        blocks (rows of `block_tables`), wanting logits of the last `num_logits[i]`; built with array
+        operations (one pass over the sequences, none over tokens)."""
+        bs, num_seqs = self.block_size, len(seqs)
+        query_lens_host = [len(t) for t in tokens]
+        query_lens = np.array(query_lens_host, dtype=np.int64)
+        starts = np.array(starts, dtype=np.int64)
+        seq_lens = starts + query_lens
+        cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=cu_seqlens[1:])
+        input_ids = np.fromiter(chain.from_iterable(tokens), np.int64, int(cu_seqlens[-1]))
+        token_seq = np.repeat(np.arange(num_seqs), query_lens)  # the sequence of each token row
+        positions = np.repeat(starts, query_lens) + _ranks(query_lens)
+        rows = np.fromiter((s.block_row for s in seqs), np.int64, num_seqs)
+        width = max(len(s.block_table) for s in seqs)
+        block_tables = block_tables[rows, :width]
+        slots = block_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
+        # Each sequence's wanted rows are its last num_logits tokens.
+        num_logits = np.array(num_logits, dtype=np.int64)
+        logits_indices = np.repeat(cu_seqlens[1:] - num_logits, num_logits) + _ranks(num_logits)
+        return StepInput(
+            input_ids=self._to_device(input_ids),
+            positions=self._to_device(positions),
+            slot_mapping=self._to_device(slots),
+            block_tables=self._to_device(block_tables),
+            cu_seqlens_q=self._to_device(cu_seqlens.astype(np.int32)),
+            seq_lens=self._to_device(seq_lens.astype(np.int32)),
+            logits_indices=self._to_device(logits_indices),
+            query_lens_host=query_lens_host,
+            seq_lens_host=seq_lens.tolist(),
+        )
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cpu":
+            return tensor
+        # Through pinned memory (torch's caching host allocator keeps it until the copy is done),
+        # so the copy does not wait for the device.
+        return tensor.pin_memory().to(self.device, non_blocking=True)
+
+    def warmup_kernels(self) -> None:
+        """On CUDA, the decode kernel at every split count a step may choose (each its own
+        compilation); the engine's warm-up steps cover the rest. It only reads the cache."""
+        if self.device.type != "cuda" or self.model.ops.paged_attention is not paged_attention_triton:
+            return
+        attn = self.model.model.layers[0].self_attn
+        q = torch.zeros(1, attn.num_heads, attn.head_dim, dtype=attn.k_cache.dtype, device=self.device)
+        tables = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
+        lens = torch.ones(1, dtype=torch.int32, device=self.device)
+        splits = 1
+        while splits <= MAX_SPLITS:
+            decode_attention_triton(q, attn.k_cache, attn.v_cache, tables, lens, attn.scale, 1, num_splits=splits)
+            splits *= 2
+
+    def execute(self, step: StepInput) -> torch.Tensor:
+        """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
+        if self.shard is not None and self.shard.rank == 0:
+            broadcast(step)  # the other ranks run the same forward on their shards
+        meta = AttentionMetadata(
+            slot_mapping=step.slot_mapping,
+            block_tables=step.block_tables,
+            cu_seqlens_q=step.cu_seqlens_q,
+            seq_lens=step.seq_lens,
+            query_lens_host=step.query_lens_host,
+            seq_lens_host=step.seq_lens_host,
+        )
+        hidden = self.graphs.run(step) if self.graphs else None
+        if hidden is None and self.cpu_decoder:
+            hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
+        if hidden is None:
+            hidden = self.model(step.input_ids, step.positions, meta)
+        if step.logits_indices.shape[0] == 0:
+            return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
+        return self.model.compute_logits(hidden[step.logits_indices])
+
+
+def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
+
+
+def _ranks(counts: np.ndarray) -> np.ndarray:
+    """0, 1, ..., c - 1 for each count c, one after the other: [2, 3] -> [0, 1, 0, 1, 2]."""
+    return np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)

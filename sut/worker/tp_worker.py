@@ -1,0 +1,66 @@
+"""A tensor-parallel rank other than 0: a process that holds its share of the model and KV cache
+and runs a forward for each step input rank 0 broadcasts (sut/parallel/ says how the model splits)."""
+
+import dataclasses
+import os
+import signal
+
+import torch
+import torch.distributed as dist
+
+from sut.config import EngineConfig, ModelConfig, resolved_dtype, resolved_max_model_len
+from sut.parallel import Shard, broadcast, init_group
+from sut.worker.model_runner import ModelRunner
+
+
+def worker_main(rank: int, size: int, port: int, model: str, settings: dict, device: str) -> None:
+    """A rank other than 0: its share of the model and KV cache, then a forward for each step input
+    rank 0 broadcasts, until it broadcasts None (or dies: the next collective fails here too)."""
+    # Ctrl-C reaches the whole process group: rank 0 decides what it means and ends the group.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch_device = torch.device(device)
+    if torch_device.type == "cuda":
+        torch.cuda.set_device(rank)
+        torch_device = torch.device("cuda", rank)
+    elif hasattr(os, "sched_getaffinity"):
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
+    init_group(rank, size, port, torch_device)
+    try:
+        num_blocks = broadcast()
+        runner = build_runner(model, settings, torch_device, Shard(rank, size), num_blocks)
+        dist.all_gather_object([None] * size, runner.weight_bytes)
+        serve(runner, torch_device)
+    finally:
+        dist.destroy_process_group()
+
+
+def serve(runner, device: torch.device) -> None:
+    """A rank other than 0: the forward of each step input rank 0 broadcasts, until it sends None."""
+    while (step := broadcast()) is not None:
+        # Unpickled tensors land where rank 0's were: bring them to this rank's device.
+        runner.execute(
+            dataclasses.replace(
+                step,
+                **{
+                    f.name: getattr(step, f.name).to(device)
+                    for f in dataclasses.fields(step)
+                    if isinstance(getattr(step, f.name), torch.Tensor)
+                },
+            )
+        )
+
+
+def build_runner(model_path: str, settings: dict, device: torch.device, shard: Shard, num_blocks: int) -> ModelRunner:
+    """Tensor-parallel rank `shard.rank`'s runner: the engine's settings and model, its part of them."""
+    config = EngineConfig.from_kwargs(**settings)
+    mc = ModelConfig.from_folder(model_path)
+    return ModelRunner(
+        model_path,
+        mc,
+        config,
+        resolved_max_model_len(config, mc),
+        resolved_dtype(config, mc),
+        device,
+        num_blocks,
+        shard=shard,
+    )
