@@ -200,7 +200,7 @@ def test_a_stop_token_outside_the_vocabulary_is_refused_up_front(tiny_llama):
 def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
     """A fault inside a step gives the requests in flight error outputs (one that finished before it
     keeps its own), in input order; the next call on the same LLM is answered as a fresh one's."""
-    import sut.engine.llm_engine
+    import sut.worker.model_runner
 
     llm = LLM(tiny_llama[0], num_kv_blocks=64)
     prompts = random_prompts([6, 13, 4])
@@ -209,7 +209,7 @@ def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
         SamplingParams(max_tokens=2, ignore_eos=True),
         SamplingParams(max_tokens=10, ignore_eos=True),
     ]
-    sample, calls = sut.engine.llm_engine.sample, []
+    sample, calls = sut.worker.model_runner.sample, []
 
     def sample_failing_at_the_fourth(*args):
         calls.append(1)
@@ -217,13 +217,13 @@ def test_a_step_that_raises_fails_that_call_alone(tiny_llama, monkeypatch):
             raise RuntimeError("injected fault")
         return sample(*args)
 
-    monkeypatch.setattr(sut.engine.llm_engine, "sample", sample_failing_at_the_fourth)
+    monkeypatch.setattr(sut.worker.model_runner, "sample", sample_failing_at_the_fourth)
     outputs = llm.generate(prompts, params)
     assert [o.finish_reason for o in outputs] == ["error", "length", "error"]
     assert outputs[0].error == "engine step failed: RuntimeError('injected fault')" == outputs[2].error
     assert len(outputs[1].token_ids) == 2
     assert not llm.engine.has_unfinished() and llm.engine.block_manager.num_free_blocks == 64
-    monkeypatch.setattr(sut.engine.llm_engine, "sample", sample)
+    monkeypatch.setattr(sut.worker.model_runner, "sample", sample)
     fresh = LLM(tiny_llama[0], num_kv_blocks=64).generate(prompts, params)
     again = llm.generate(prompts, params)
     assert [o.token_ids for o in again] == [o.token_ids for o in fresh]

@@ -58,7 +58,9 @@ def test_random_requests_aborts_and_preemptions_keep_books(prefix_caching, trial
             live.remove(victim)
             finished += 1
         if speculate:
-            sched.propose(proposer)
+            seqs, counts = sched.reserve_drafts()
+            for s, (tokens, probs) in zip(seqs, proposer.propose(seqs, counts, sched.block_manager.block_tables)):
+                s.spec_token_ids, s.spec_probs = tokens, probs
         batch = sched.schedule()
         assert sum(batch.num_new_tokens) <= config.max_num_batched_tokens
         assert len(sched.running) <= config.max_num_seqs
@@ -152,13 +154,13 @@ def test_one_slow_step_does_not_move_the_guards_cost_estimates():
     for _ in range(4):
         sched.record_step(decode, 0.030)
         sched.record_step(chunk, 0.230)
-    normal = (sched.decode_step_s, sched.chunk_step_s, sched.prefill_token_s)
+    normal = (sched.costs.decode_step_s, sched.costs.chunk_step_s, sched.costs.prefill_token_s)
     assert normal == pytest.approx((0.030, 0.230, 0.002))
     sched.record_step(decode, 0.600)
     sched.record_step(chunk, 4.600)
-    assert (sched.decode_step_s, sched.chunk_step_s, sched.prefill_token_s) == pytest.approx(normal)
+    assert (sched.costs.decode_step_s, sched.costs.chunk_step_s, sched.costs.prefill_token_s) == pytest.approx(normal)
     sched.record_step(chunk, 0.230)
-    assert sched.chunk_step_s == pytest.approx(0.230)
+    assert sched.costs.chunk_step_s == pytest.approx(0.230)
 
 
 def test_a_prompt_past_its_patience_raises_the_tpot_bound_to_the_cap():

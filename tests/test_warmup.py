@@ -29,7 +29,7 @@ def test_warmup_leaves_the_engine_as_new(tiny_llama, spec):
     engine = llm.engine
     assert engine.warmup() > 0
     scheduler, blocks = engine.scheduler, engine.block_manager
-    assert not scheduler.decode_steps and not scheduler.chunk_steps and scheduler.num_preemptions == 0
+    assert not scheduler.costs.decode_steps and not scheduler.costs.chunk_steps and scheduler.num_preemptions == 0
     assert blocks.num_free_blocks == blocks.num_blocks and not blocks.hash_to_block_id
     assert engine.spec_stats() is None or engine.spec_stats()["num_proposals"] == 0
     assert [o.token_ids for o in llm.generate(prompts, params)] == fresh

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-import sut.engine.llm_engine
+import sut.worker.model_runner
 from sut import LLMEngine, SamplingParams
 from sut.errors import run_cli
 
@@ -118,7 +118,7 @@ def time_phases(engine: LLMEngine, timer: PhaseTimer) -> None:
     for name in ("run", "prepare", "execute"):
         if hasattr(runner, name):
             setattr(runner, name, timer.wrap("prepare", getattr(runner, name)))
-    sut.engine.llm_engine.sample = timer.wrap("sample", sut.engine.llm_engine.sample)
+    sut.worker.model_runner.sample = timer.wrap("sample", sut.worker.model_runner.sample)
     torch.Tensor.argmax = timer.wrap("argmax", torch.Tensor.argmax)  # the sampler's, inside "sample"
 
 

@@ -1,5 +1,7 @@
 """The online engine: requests come in with `add_request` (from any thread), `step` runs one
-iteration (schedule, prepare, execute, sample, update) and returns the requests that finished in it.
+iteration and returns the requests that finished in it: schedule (with speculation, drafts proposed
+first for the sequences the scheduler reserved slots for), execute (the runner prepares the step
+input, runs the forward and samples or verifies) and update (the scheduler moves each sequence on).
 
 A bad request is refused in `add_request` with an InvalidRequestError; a request whose token
 callback raises, or whose logits come out NaN or inf, is finished alone with an error; none of
@@ -25,12 +27,11 @@ from sut.errors import CheckpointError, ConfigError, InvalidRequestError, Worker
 from sut.model.checksums import verify_folder
 from sut.outputs import RequestOutput
 from sut.parallel import Shard, broadcast, check_divides, free_port, init_group
-from sut.sample.sampler import sample
-from sut.sample.verifier import verify
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
 from sut.spec_decode.draft_model import DraftModelProposer, check_draft_folder
 from sut.spec_decode.ngram import NgramProposer
+from sut.spec_decode.proposer import Proposer
 from sut.worker.model_runner import ModelRunner
 from sut.worker.tp_worker import worker_main
 
@@ -101,7 +102,7 @@ class LLMEngine:
             raise
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
-        self.proposer = None
+        self.proposer: Proposer | None = None
         if spec is not None and spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
         elif spec is not None:
@@ -226,37 +227,37 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         finished = self._take_inbox()
-        finished += self.scheduler.end_static_batch()
+        finished += self.scheduler.end_batch()
         start = time.perf_counter()
         if self.proposer is not None:
-            self.scheduler.propose(self.proposer)
+            self._propose_drafts()
         batch = self.scheduler.schedule(start)
         if batch:
-            step_input = self.runner.prepare(batch)
-            try:
-                logits = self.runner.execute(step_input)
-            except RuntimeError as e:  # a collective fails when a rank has gone
-                dead = self.ranks is not None and self.ranks.dead(grace_s=2.0)
-                if dead:
-                    raise WorkerError(dead) from e
-                raise
-            if self.proposer is None:
-                sampled = [
-                    None if t is None else [t]
-                    for t in sample(logits, batch.sampling_seqs, self.eos_token_ids, self.default_generator)
-                ]
-            else:
-                sampled = verify(
-                    logits,
-                    batch.sampling_seqs,
-                    self.eos_token_ids,
-                    self.default_generator,
-                    self.runner.model.ops.rejection_sample,
-                )
+            sampled = self._execute(batch)
             now = time.perf_counter()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
         return [self._output(seq) for seq in self._forget(finished)]
+
+    def _propose_drafts(self) -> None:
+        """Drafts for the decoding sequences the scheduler reserved verification slots for."""
+        seqs, counts = self.scheduler.reserve_drafts()
+        if seqs:
+            for seq, (tokens, probs) in zip(seqs, self.proposer.propose(seqs, counts, self.block_manager.block_tables)):
+                seq.spec_token_ids, seq.spec_probs = tokens, probs
+
+    def _execute(self, batch) -> list[list[int] | None]:
+        """The step's forward and sampling, on the runner (and the other tensor-parallel ranks)."""
+        try:
+            logits = self.runner.execute(self.runner.prepare(batch))
+        except RuntimeError as e:  # a collective fails when a rank has gone
+            dead = self.ranks is not None and self.ranks.dead(grace_s=2.0)
+            if dead:
+                raise WorkerError(dead) from e
+            raise
+        return self.runner.sample(
+            logits, batch, self.eos_token_ids, self.default_generator, verify_drafts=self.proposer is not None
+        )
 
     def _take_inbox(self) -> list[Sequence]:
         """Hand new requests to the scheduler and abort the ones asked; return those aborted."""

@@ -29,24 +29,20 @@ and sets the computed tokens back past the rejected ones. Prefilling sequences d
 
 Two settings take features away, for the report's ablation (harness/ablation.py). Without
 `enable_chunked_prefill` a prompt is computed whole in one step or waits for a step with room.
-`static_batching` batches as the MLPerf reference SUTs do with transformers' generate: a batch of
-up to max_num_seqs whole prompts is admitted only when the last batch has ended, with KV blocks for
-every row's prompt and max_tokens reserved up front (generate's padded tensors), and a row that
-finishes computes on (its tokens discarded) until every row of its batch has, when all are
-returned together. Prompts are not padded: the prefill is variable-length either way.
+`static_batching` batches as the MLPerf reference SUTs do with transformers' generate. How requests
+are batched and the TPOT bound are policies the scheduler asks (sut/engine/policies.py); drafts
+are proposed by the engine for the sequences the scheduler reserves slots for (`reserve_drafts`).
 """
 
-import statistics
 from collections import deque
 
 from sut.batch import ScheduledBatch
 from sut.config import EngineConfig
 from sut.engine.block_manager import BlockManager
+from sut.engine.policies import StepCosts, TpotGuard, batching_policy
 from sut.sample.sampler import NONFINITE_LOGITS
 from sut.sequence import Sequence, SequenceStatus
 from sut.spec_decode.metrics import SpecMetrics
-
-RECENT_STEPS = 5
 
 
 class Scheduler:
@@ -54,18 +50,9 @@ class Scheduler:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.max_num_batched_tokens = config.max_num_batched_tokens
         self.max_num_seqs = config.max_num_seqs
-        self.static_batching = config.static_batching
-        self.chunked_prefill = config.enable_chunked_prefill and not config.static_batching
-        self.tpot_target_s = None if config.tpot_target_ms is None else config.tpot_target_ms / 1000
-        self.tpot_cap_s = None if config.tpot_cap_ms is None else config.tpot_cap_ms / 1000
-        self.ttft_patience_s = None if config.ttft_patience_ms is None else config.ttft_patience_ms / 1000
-        # Recent steps with a chunk, as (seconds, cost per prefill token beyond a decode step), and
-        # decode-only ones; the medians of each are what a step is predicted to cost.
-        self.chunk_steps: deque[tuple[float, float]] = deque(maxlen=RECENT_STEPS)
-        self.decode_steps: deque[float] = deque(maxlen=RECENT_STEPS)
-        self.chunk_step_s = 0.0
-        self.prefill_token_s = 0.0
-        self.decode_step_s = 0.0
+        self.batching = batching_policy(config)
+        self.costs = StepCosts()
+        self.tpot_guard = TpotGuard(config, self.costs) if config.tpot_target_ms is not None else None
         self.busy_s = {"prefill": 0.0, "decode": 0.0}
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
@@ -86,10 +73,13 @@ class Scheduler:
 
     def schedule(self, now: float = 0.0) -> ScheduledBatch:
         budget = self.max_num_batched_tokens
-        batch_open = not (self.static_batching and self.running)
+        batch_open = self.batching.admits(self.running)
+        chunked = self.batching.chunked_prefill
         scheduled: dict[Sequence, int] = {}
         preempted = False
-        prefill_left = self._prefill_budget(now)
+        prefill_left = budget
+        if self.tpot_guard is not None:
+            prefill_left = self.tpot_guard.prefill_budget(now, self.running, self.waiting, budget)
         # Decodes first, those without drafts before those verifying some: the attention kernels take
         # a step's leading one-token rows on the decode kernel (kernels/attention.py).
         for seq in sorted(self.running, key=lambda s: (s.is_prefill, bool(s.spec_token_ids))):
@@ -101,7 +91,7 @@ class Scheduler:
             if seq.batch_done and len(seq.output_token_ids) >= seq.max_tokens:
                 continue  # finished, and its batch's reserved blocks end here
             n = min(seq.num_uncomputed_tokens, budget, prefill_left) if prefill else 1 + len(seq.spec_token_ids)
-            if n > budget or (prefill and not self.chunked_prefill and n < seq.num_uncomputed_tokens):
+            if n > budget or (prefill and not chunked and n < seq.num_uncomputed_tokens):
                 continue  # its drafts, or its whole prompt without chunking, do not fit: it waits a step
             while not self.block_manager.allocate(seq, n):
                 victim = self.running[-1]
@@ -121,10 +111,9 @@ class Scheduler:
             seq = self.waiting[0]
             seq.num_computed_tokens = self.block_manager.match_prefix(seq)
             n = min(seq.num_uncomputed_tokens, budget, prefill_left)
-            if not self.chunked_prefill and n < seq.num_uncomputed_tokens:
+            if not chunked and n < seq.num_uncomputed_tokens:
                 break
-            reserve = n + (seq.max_tokens - len(seq.output_token_ids) if self.static_batching else 0)
-            if not self.block_manager.allocate(seq, reserve):
+            if not self.block_manager.allocate(seq, self.batching.blocks_to_reserve(seq, n)):
                 self._release(seq)
                 break
             self.waiting.popleft()
@@ -151,11 +140,12 @@ class Scheduler:
             self.block_manager.block_tables,
         )
 
-    def propose(self, proposer) -> None:
-        """Ask `proposer` for drafts for the decoding sequences that have none, up to k each (fewer
-        near max_tokens, and per sequence with adaptive speculation), after reserving their slots:
-        the verification's k + 1 (which the draft model also writes into). A sequence whose slots
-        are not free gets no drafts (nothing is preempted for speculation)."""
+    def reserve_drafts(self) -> tuple[list[Sequence], list[int]]:
+        """The decoding sequences that have no drafts, and how many each may get: up to k (fewer near
+        max_tokens, and per sequence with adaptive speculation), after reserving their slots, the
+        verification's k + 1 (which the draft model also writes into). A sequence whose slots are
+        not free gets no drafts (nothing is preempted for speculation). The engine has them
+        proposed before the step is scheduled."""
         seqs, counts = [], []
         for seq in self.running:
             if seq.is_prefill or seq.spec_token_ids:
@@ -164,10 +154,7 @@ class Scheduler:
             if k > 0 and self.block_manager.allocate(seq, 1 + k):
                 seqs.append(seq)
                 counts.append(k)
-        if not seqs:
-            return
-        for seq, (tokens, probs) in zip(seqs, proposer.propose(seqs, counts, self.block_manager.block_tables)):
-            seq.spec_token_ids, seq.spec_probs = tokens, probs
+        return seqs, counts
 
     def update_from_output(self, batch: ScheduledBatch, sampled: list[list[int]], now: float) -> list[Sequence]:
         """After the step's forward: advance each sequence's computed tokens (past the drafts it
@@ -214,19 +201,18 @@ class Scheduler:
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             if cache_blocks:
                 self.block_manager.cache_computed_blocks(seq)
-            if reason and self.static_batching:
+            if reason and self.batching.holds_finished_rows():
                 seq.batch_done = (reason, len(seq.output_token_ids))
             elif reason:
                 self.finish(seq, reason)
                 finished.append(seq)
-        return finished + self.end_static_batch()
+        return finished + self.end_batch()
 
-    def end_static_batch(self) -> list[Sequence]:
-        """Static batching: once every row of the batch has finished, finish them all, each cut where
-        it finished (also called after aborts, which can leave only finished rows)."""
-        if not (self.static_batching and self.running and all(s.batch_done for s in self.running)):
-            return []
-        ended = list(self.running)
+    def end_batch(self) -> list[Sequence]:
+        """Finish the sequences whose batch the batching policy ends now (static batching: once every
+        row has finished, each cut where it finished; also called after aborts, which can leave only
+        finished rows)."""
+        ended = self.batching.end_batch(self.running)
         for seq in ended:
             reason, length = seq.batch_done
             del seq.output_token_ids[length:]
@@ -251,35 +237,6 @@ class Scheduler:
             return "length"
         return None
 
-    def _prefill_budget(self, now: float) -> int:
-        """How many prefill tokens this step may carry without pushing a decoding sequence's time
-        per output token past the bound, were it to end right after the step."""
-        unlimited = self.max_num_batched_tokens
-        if self.tpot_target_s is None or self.prefill_token_s == 0.0:
-            return unlimited
-        bound = self.tpot_cap_s if self._prompt_waited_patience(now) else self.tpot_target_s
-        slack = min(
-            (
-                bound * len(s.output_token_ids) - (now - s.first_token_time)
-                for s in self.running
-                if s.first_token_time is not None and not s.is_prefill
-            ),
-            default=None,
-        )
-        if slack is None:
-            return unlimited
-        if slack < self.chunk_step_s:  # no chunk smaller than recent ones: small chunks cost more per token
-            return 0
-        return min(int((slack - self.decode_step_s) / self.prefill_token_s), unlimited)
-
-    def _prompt_waited_patience(self, now: float) -> bool:
-        if self.ttft_patience_s is None:
-            return False
-        return any(
-            s.first_token_time is None and now - s.arrival_time >= self.ttft_patience_s
-            for s in (*self.running, *self.waiting)
-        )
-
     def record_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """Called by the engine after each step with its duration. `busy_s` splits the steps' time
         between prefill and decode: a step with both gives its decodes what a decode-only step costs
@@ -290,16 +247,10 @@ class Scheduler:
         elif all(batch.is_prefill):
             decode = 0.0
         else:
-            decode = min(seconds, self.decode_step_s)
+            decode = min(seconds, self.costs.decode_step_s)
         self.busy_s["decode"] += decode
         self.busy_s["prefill"] += seconds - decode
-        if prefill:
-            self.chunk_steps.append((seconds, max(seconds - self.decode_step_s, 0.0) / prefill or 1e-6))
-            self.chunk_step_s = statistics.median(s for s, _ in self.chunk_steps)
-            self.prefill_token_s = statistics.median(t for _, t in self.chunk_steps)
-        else:
-            self.decode_steps.append(seconds)
-            self.decode_step_s = statistics.median(self.decode_steps)
+        self.costs.record(prefill, seconds)
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

@@ -15,6 +15,8 @@ from sut.cpu.backend import setup_cpu_backend
 from sut.errors import ConfigError
 from sut.model.loader import load_model
 from sut.parallel import Shard, broadcast, local_config
+from sut.sample.sampler import sample
+from sut.sample.verifier import verify
 from sut.sequence import Sequence
 from sut.worker.cuda_graphs import DecodeGraphs
 from sut.worker.step_input import StepInput
@@ -177,6 +179,16 @@ class ModelRunner:
         while splits <= MAX_SPLITS:
             decode_attention_triton(q, attn.k_cache, attn.v_cache, tables, lens, attn.scale, 1, num_splits=splits)
             splits *= 2
+
+    def sample(
+        self, logits: torch.Tensor, batch: ScheduledBatch, eos_token_ids, generator, verify_drafts: bool
+    ) -> list[list[int] | None]:
+        """The tokens each sequence of `batch` with logits emits, in batch order: one sampled token,
+        or with `verify_drafts` its accepted drafts then one of the target's (rejection sampling, on
+        this backend's kernel); None where its logits were NaN or inf."""
+        if not verify_drafts:
+            return [None if t is None else [t] for t in sample(logits, batch.sampling_seqs, eos_token_ids, generator)]
+        return verify(logits, batch.sampling_seqs, eos_token_ids, generator, self.model.ops.rejection_sample)
 
     def execute(self, step: StepInput) -> torch.Tensor:
         """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""

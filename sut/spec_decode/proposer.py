@@ -1,0 +1,22 @@
+"""Proposers of draft tokens for speculative decoding, behind one interface: `propose(seqs, counts,
+block_tables)` returns, per sequence, up to counts[i] draft tokens and the probabilities
+`[len, vocab]` each was sampled from (None for deterministic drafts). The verifier (sut/sample/verifier.py)
+sees only that, so a proposer of any kind plugs in without touching it: n-gram lookup here, a draft
+model (sut/spec_decode/draft_model.py), or later a head that reads the target's hidden states (EAGLE, MTP),
+which would also take the hidden rows of the target's last step.
+
+Proposals are made at the start of a step, for the decoding sequences that have none, after the
+scheduler has reserved the k + 1 slots they will be verified in."""
+
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from sut.sequence import Sequence
+
+
+class Proposer(Protocol):
+    def propose(
+        self, seqs: list[Sequence], counts: list[int], block_tables: np.ndarray
+    ) -> list[tuple[list[int], torch.Tensor | None]]: ...
