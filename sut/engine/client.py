@@ -8,9 +8,10 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from sut.config import EngineConfig
 from sut.engine.llm_engine import LLMEngine
 from sut.engine.replicas import ReplicaPool
-from sut.errors import ConfigError
+from sut.engine.resolve import resolve
 from sut.outputs import RequestOutput
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
@@ -63,7 +64,7 @@ class EngineClient(Protocol):
 def make_engine(model: str | Path, **settings) -> EngineClient:
     """The engine client the settings ask for: one LLMEngine, or with data_parallel_size > 1 a pool of
     them."""
-    n = settings.pop("data_parallel_size", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"engine setting data_parallel_size must be a positive integer, got {n!r}")
-    return LLMEngine(model, **settings) if n == 1 else ReplicaPool(model, n, **settings)
+    resolved = resolve(model, EngineConfig.from_kwargs(**settings))  # the one settings check
+    if resolved.engine.data_parallel_size == 1:
+        return LLMEngine.from_resolved(resolved)
+    return ReplicaPool.from_resolved(resolved)

@@ -18,18 +18,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sut.config import EngineConfig, ModelConfig, resolved_dtype, resolved_max_model_len
+from sut.config import EngineConfig
+from sut.config.resolved import ResolvedConfig
 from sut.engine.block_manager import BlockManager
 from sut.engine.processes import WorkerGroup
 from sut.engine.requests import load_tokenizer, make_sequence
+from sut.engine.resolve import resolve
 from sut.engine.scheduler import Scheduler
-from sut.errors import CheckpointError, ConfigError, InvalidRequestError, WorkerError
-from sut.model.checksums import verify_folder
+from sut.errors import ConfigError, InvalidRequestError, WorkerError
 from sut.outputs import RequestOutput
-from sut.parallel import Shard, broadcast, check_divides, free_port, init_group
+from sut.parallel import Shard, broadcast, free_port, init_group
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
-from sut.spec_decode.draft_model import DraftModelProposer, check_draft_folder
+from sut.spec_decode.draft_model import DraftModelProposer
 from sut.spec_decode.ngram import NgramProposer
 from sut.spec_decode.proposer import Proposer
 from sut.worker.model_runner import ModelRunner
@@ -38,60 +39,42 @@ from sut.worker.tp_worker import worker_main
 
 class LLMEngine:
     def __init__(self, model_path: str | Path, **settings):
-        self.config = EngineConfig.from_kwargs(**settings)
-        if self.config.data_parallel_size > 1:
+        config = EngineConfig.from_kwargs(**settings)
+        if config.data_parallel_size > 1:
             raise ConfigError(
                 "engine setting data_parallel_size > 1 runs several engines: use sut.make_engine "
                 "(or LLM), which starts them"
             )
-        folder = Path(model_path).expanduser()
-        if not folder.is_dir():
-            raise CheckpointError(f"{folder}: model folder does not exist")
-        self.model_config = ModelConfig.from_folder(folder)
-        mc = self.model_config
-        self.max_model_len = resolved_max_model_len(self.config, mc)
-        if self.max_model_len > mc.max_position_embeddings:
-            raise ConfigError(
-                f"engine setting max_model_len={self.max_model_len} exceeds the model's "
-                f"max_position_embeddings={mc.max_position_embeddings}"
-            )
-        whole_prompts = self.config.static_batching or not self.config.enable_chunked_prefill
-        if whole_prompts and self.max_model_len > self.config.max_num_batched_tokens:
-            raise ConfigError(
-                f"without chunked prefill every sequence must fit one step: max_model_len "
-                f"{self.max_model_len} exceeds max_num_batched_tokens "
-                f"{self.config.max_num_batched_tokens}; lower the one or raise the other"
-            )
-        device = self.config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        self.dtype = resolved_dtype(self.config, mc)
-        spec = self.config.speculative_config
-        if spec is not None:
-            spec.check_fits(self.max_model_len, self.config.max_num_batched_tokens)
-            if spec.method == "draft_model":  # checked before either model loads
-                draft_folder = Path(spec.model).expanduser()
-                draft_config = check_draft_folder(draft_folder, folder, mc)
-                if draft_config.max_position_embeddings < self.max_model_len:
-                    raise ConfigError(
-                        f"engine setting speculative_config.model: the draft {draft_folder} has "
-                        f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
-                        f"target's max_model_len={self.max_model_len}"
-                    )
-        if self.config.verify_checksums:
-            verify_folder(folder)
-            if spec is not None and spec.method == "draft_model":
-                verify_folder(draft_folder)
-        self.tokenizer = load_tokenizer(folder)
+        self._start(resolve(model_path, config))
+
+    @classmethod
+    def from_resolved(cls, resolved: ResolvedConfig) -> "LLMEngine":
+        """An engine from settings already resolved (a data-parallel replica's, by its pool)."""
+        engine = cls.__new__(cls)
+        engine._start(resolved)
+        return engine
+
+    def _start(self, resolved: ResolvedConfig) -> None:
+        self.config, self.model_config, mc = resolved.engine, resolved.model, resolved.model
+        self.max_model_len, self.dtype, self.device = (
+            resolved.max_model_len,
+            resolved.dtype,
+            torch.device(resolved.device),
+        )
+        self.tokenizer = load_tokenizer(resolved.folder)
         self.eos_token_ids = mc.eos_token_ids
-        draft = None
-        if spec is not None and spec.method == "draft_model":
-            draft = (draft_config, sum(f.stat().st_size for f in draft_folder.glob("*.safetensors")))
-        self.ranks, shard = self._start_ranks(folder, settings)
+        draft = resolved.draft
+        self.ranks, shard = self._start_ranks(resolved)
         try:
             self.runner = ModelRunner(
-                folder, mc, self.config, self.max_model_len, self.dtype, self.device, draft=draft, shard=shard
+                resolved.folder,
+                mc,
+                self.config,
+                self.max_model_len,
+                self.dtype,
+                self.device,
+                draft=None if draft is None else (draft.config, draft.weight_bytes),
+                shard=shard,
             )
             if shard is not None:  # the other ranks size their caches as this one, then say what they hold
                 broadcast(self.runner.num_blocks)
@@ -103,12 +86,13 @@ class LLMEngine:
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
         self.proposer: Proposer | None = None
+        spec = self.config.speculative_config
         if spec is not None and spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
         elif spec is not None:
             self.proposer = DraftModelProposer(
-                draft_folder,
-                draft_config,
+                draft.folder,
+                draft.config,
                 self.config,
                 self.max_model_len,
                 self.dtype,
@@ -121,19 +105,11 @@ class LLMEngine:
         self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
         self._next_id = itertools.count()
 
-    def _start_ranks(self, folder: Path, settings: dict):
+    def _start_ranks(self, resolved: ResolvedConfig):
         """With tensor_parallel_size > 1: the other ranks' processes, and this one's shard (rank 0)."""
         size = self.config.tensor_parallel_size
         if size == 1:
             return None, None
-        check_divides(self.model_config, size)
-        if self.config.cuda_graphs:
-            raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
-        if self.device.type == "cuda" and torch.cuda.device_count() < size:
-            raise ConfigError(
-                f"engine setting tensor_parallel_size={size} needs {size} GPUs, and "
-                f"{torch.cuda.device_count()} are visible"
-            )
         if self.device.type == "cuda":
             self.device = torch.device("cuda", 0)  # rank r runs on the r-th visible GPU
         elif hasattr(os, "sched_getaffinity"):
@@ -141,7 +117,7 @@ class LLMEngine:
         port = free_port()
         ranks = WorkerGroup(
             worker_main,
-            [(r, size, port, str(folder), settings, self.device.type) for r in range(1, size)],
+            [(r, size, port, resolved, self.device.type) for r in range(1, size)],
             [f"tensor-parallel rank {r}" for r in range(1, size)],
         )
         try:

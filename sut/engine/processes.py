@@ -58,7 +58,7 @@ class WorkerGroup:
         where: list[str] | None = None,
     ):
         ctx = mp.get_context("spawn")
-        self.names = names
+        self.names, self.args = names, args  # each worker's arguments, until it is stopped
         self.where = where or [""] * len(args)  # each worker's devices or cores, for its description
         self._reached = ctx.Array("b", len(args), lock=False)  # written once by each worker
         self.procs = [
@@ -115,3 +115,4 @@ class WorkerGroup:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+        self.args = []  # let go of what the workers were given: a queue's semaphores last until it is freed

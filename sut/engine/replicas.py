@@ -22,12 +22,13 @@ from pathlib import Path
 
 import torch
 
-from sut.config import EngineConfig, ModelConfig, resolved_dtype
+from sut.config import EngineConfig
+from sut.config.resolved import ResolvedConfig
 from sut.engine.llm_engine import LLMEngine
 from sut.engine.processes import WorkerGroup
 from sut.engine.requests import load_tokenizer, make_sequence
-from sut.errors import CheckpointError, ConfigError, InvalidRequestError, SaafError, WorkerError
-from sut.model.checksums import verify_folder
+from sut.engine.resolve import for_replica, resolve
+from sut.errors import InvalidRequestError, SaafError, WorkerError
 from sut.outputs import RequestOutput
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
@@ -39,28 +40,21 @@ POLL_S = 0.05  # how long `step` waits for a replica's news before looking at th
 def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
     """Each replica's environment and cores: on CUDA `gpus_each` GPUs each (its tensor-parallel
     ranks'; the engine sees them from cuda:0 on), on CPU a contiguous, disjoint share of this
-    process's cores."""
+    process's cores (resolve has checked there are enough)."""
     if device.startswith("cuda"):
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
-        if len(gpus) < n * gpus_each:
-            raise ConfigError(
-                f"engine settings data_parallel_size={n} x tensor_parallel_size={gpus_each} need "
-                f"{n * gpus_each} GPUs, and {len(gpus)} are visible"
-            )
         return [
             dict(env={"CUDA_VISIBLE_DEVICES": ",".join(gpus[i * gpus_each : (i + 1) * gpus_each])}, cores=None)
             for i in range(n)
         ]
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count()))
-    if len(cores) < n:
-        raise ConfigError(f"engine setting data_parallel_size={n} needs {n} cores, and this process has {len(cores)}")
     share = len(cores) // n
     # OMP_NUM_THREADS for the C kernels' OpenMP, which sizes its pool when their library loads.
     return [dict(env={"OMP_NUM_THREADS": str(share)}, cores=cores[i * share : (i + 1) * share]) for i in range(n)]
 
 
-def _replica_main(index: int, model: str, settings: dict, cores: list[int] | None, inbox, outbox) -> None:
+def _replica_main(index: int, resolved: ResolvedConfig, cores: list[int] | None, inbox, outbox) -> None:
     """A replica's process (its environment set at spawn): build the engine, then step it and take
     requests until told to stop or its parent is gone."""
     # Ctrl-C reaches the whole process group: the parent decides what it means and stops the replicas.
@@ -70,7 +64,7 @@ def _replica_main(index: int, model: str, settings: dict, cores: list[int] | Non
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(len(cores))
     try:
-        engine = LLMEngine(model, **settings)
+        engine = LLMEngine.from_resolved(resolved)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which names the replica
         outbox.put(("failed", index, f"{type(e).__name__}: {e}"))
         return
@@ -118,39 +112,34 @@ class ReplicaPool:
     online engine's interface."""
 
     def __init__(self, model: str | Path, data_parallel_size: int, **settings):
-        self.config = EngineConfig.from_kwargs(**settings)
-        folder = Path(model).expanduser()
-        if not folder.is_dir():
-            raise CheckpointError(f"{folder}: model folder does not exist")
-        self.model_config = ModelConfig.from_folder(folder)
-        if self.config.verify_checksums:  # once here, rather than in every replica
-            verify_folder(folder)
-            spec = self.config.speculative_config
-            if spec is not None and spec.method == "draft_model":
-                verify_folder(Path(spec.model).expanduser())
-        self.tokenizer = load_tokenizer(folder)
-        self.dtype = resolved_dtype(self.config, self.model_config)
-        device = self.config.device
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device.startswith("cuda:"):
-            raise ConfigError(
-                f"engine setting device={device!r} names one GPU, and data_parallel_size="
-                f"{data_parallel_size} gives each replica its own: use 'cuda'"
-            )
-        self.device = torch.device(device)
+        config = EngineConfig.from_kwargs(**{**settings, "data_parallel_size": data_parallel_size})
+        self._start(resolve(model, config))
+
+    @classmethod
+    def from_resolved(cls, resolved: ResolvedConfig) -> "ReplicaPool":
+        """A pool of `resolved.engine.data_parallel_size` replicas from settings already resolved:
+        every check, and the checksums, made once here rather than in every replica."""
+        pool = cls.__new__(cls)
+        pool._start(resolved)
+        return pool
+
+    def _start(self, resolved: ResolvedConfig) -> None:
+        data_parallel_size = resolved.engine.data_parallel_size
+        self.config, self.model_config = resolved.engine, resolved.model
+        self.tokenizer = load_tokenizer(resolved.folder)
+        self.dtype, self.device = resolved.dtype, torch.device(resolved.device)
+        device = resolved.device
         self.num_replicas = data_parallel_size
         ctx = mp.get_context("spawn")
         self._outbox = ctx.Queue()
         self._inboxes = [ctx.Queue() for _ in range(data_parallel_size)]
         self.placements = placements(data_parallel_size, device, self.config.tensor_parallel_size)
-        worker_settings = {**settings, "device": device, "verify_checksums": False}
         # Not daemonic, so that a replica can start tensor-parallel ranks of its own; the finalizer
         # below stops them at exit, and each stops by itself when orphaned.
         self.workers = WorkerGroup(
             _replica_main,
             [
-                (i, str(folder), worker_settings, p["cores"], self._inboxes[i], self._outbox)
+                (i, for_replica(resolved), p["cores"], self._inboxes[i], self._outbox)
                 for i, p in enumerate(self.placements)
             ],
             [f"data-parallel replica {i}" for i in range(data_parallel_size)],

@@ -8,12 +8,12 @@ import signal
 import torch
 import torch.distributed as dist
 
-from sut.config import EngineConfig, ModelConfig, resolved_dtype, resolved_max_model_len
+from sut.config.resolved import ResolvedConfig
 from sut.parallel import Shard, broadcast, init_group
 from sut.worker.model_runner import ModelRunner
 
 
-def worker_main(rank: int, size: int, port: int, model: str, settings: dict, device: str) -> None:
+def worker_main(rank: int, size: int, port: int, resolved: ResolvedConfig, device: str) -> None:
     """A rank other than 0: its share of the model and KV cache, then a forward for each step input
     rank 0 broadcasts, until it broadcasts None (or dies: the next collective fails here too)."""
     # Ctrl-C reaches the whole process group: rank 0 decides what it means and ends the group.
@@ -27,7 +27,7 @@ def worker_main(rank: int, size: int, port: int, model: str, settings: dict, dev
     init_group(rank, size, port, torch_device)
     try:
         num_blocks = broadcast()
-        runner = build_runner(model, settings, torch_device, Shard(rank, size), num_blocks)
+        runner = build_runner(resolved, torch_device, Shard(rank, size), num_blocks)
         dist.all_gather_object([None] * size, runner.weight_bytes)
         serve(runner, torch_device)
     finally:
@@ -50,16 +50,14 @@ def serve(runner, device: torch.device) -> None:
         )
 
 
-def build_runner(model_path: str, settings: dict, device: torch.device, shard: Shard, num_blocks: int) -> ModelRunner:
-    """Tensor-parallel rank `shard.rank`'s runner: the engine's settings and model, its part of them."""
-    config = EngineConfig.from_kwargs(**settings)
-    mc = ModelConfig.from_folder(model_path)
+def build_runner(resolved: ResolvedConfig, device: torch.device, shard: Shard, num_blocks: int) -> ModelRunner:
+    """Tensor-parallel rank `shard.rank`'s runner: the engine's resolved settings and model, its part of them."""
     return ModelRunner(
-        model_path,
-        mc,
-        config,
-        resolved_max_model_len(config, mc),
-        resolved_dtype(config, mc),
+        resolved.folder,
+        resolved.model,
+        resolved.engine,
+        resolved.max_model_len,
+        resolved.dtype,
         device,
         num_blocks,
         shard=shard,

@@ -1,0 +1,96 @@
+"""One settings check: the engine's typed settings (sut/config/engine.py checks each one's type and
+range and what settings ask of each other) resolved against the model folder and this machine,
+every cross-check in one place, before any process starts or any weight loads. What it returns is
+what the engine, its tensor-parallel ranks and its data-parallel replicas are built from."""
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from sut.config import EngineConfig, ModelConfig, resolved_dtype, resolved_max_model_len
+from sut.config.resolved import DraftModel, ResolvedConfig
+from sut.errors import CheckpointError, ConfigError
+from sut.model.checksums import verify_folder
+from sut.parallel import check_divides
+from sut.spec_decode.draft_model import check_draft_folder
+
+
+def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
+    """`config` against the model at `model_path` and this machine's devices: ConfigError or
+    CheckpointError naming what does not fit. Verifies the folders' checksums where asked."""
+    folder = Path(model_path).expanduser()
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: model folder does not exist")
+    mc = ModelConfig.from_folder(folder)
+    max_model_len = resolved_max_model_len(config, mc)
+    if max_model_len > mc.max_position_embeddings:
+        raise ConfigError(
+            f"engine setting max_model_len={max_model_len} exceeds the model's "
+            f"max_position_embeddings={mc.max_position_embeddings}"
+        )
+    whole_prompts = config.static_batching or not config.enable_chunked_prefill
+    if whole_prompts and max_model_len > config.max_num_batched_tokens:
+        raise ConfigError(
+            f"without chunked prefill every sequence must fit one step: max_model_len "
+            f"{max_model_len} exceeds max_num_batched_tokens "
+            f"{config.max_num_batched_tokens}; lower the one or raise the other"
+        )
+    device = config.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    draft = None
+    spec = config.speculative_config
+    if spec is not None:
+        spec.check_fits(max_model_len, config.max_num_batched_tokens)
+        if spec.method == "draft_model":  # checked before either model loads
+            draft_folder = Path(spec.model).expanduser()
+            draft_config = check_draft_folder(draft_folder, folder, mc)
+            if draft_config.max_position_embeddings < max_model_len:
+                raise ConfigError(
+                    f"engine setting speculative_config.model: the draft {draft_folder} has "
+                    f"max_position_embeddings={draft_config.max_position_embeddings}, under the "
+                    f"target's max_model_len={max_model_len}"
+                )
+            weight_bytes = sum(f.stat().st_size for f in draft_folder.glob("*.safetensors"))
+            draft = DraftModel(draft_folder, draft_config, weight_bytes)
+    _check_parallel(config, mc, device)
+    if config.verify_checksums:
+        verify_folder(folder)
+        if draft is not None:
+            verify_folder(draft.folder)
+    return ResolvedConfig(folder, config, mc, max_model_len, resolved_dtype(config, mc), device, draft)
+
+
+def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:
+    """Tensor and data parallelism against the model's shape and the devices this process sees."""
+    tp, dp = config.tensor_parallel_size, config.data_parallel_size
+    if tp > 1:
+        check_divides(mc, tp)
+        if config.cuda_graphs:
+            raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
+    if dp > 1 and device.startswith("cuda:"):
+        raise ConfigError(
+            f"engine setting device={device!r} names one GPU, and data_parallel_size={dp} gives each "
+            "replica its own: use 'cuda'"
+        )
+    if device.startswith("cuda"):
+        visible = torch.cuda.device_count()
+        if dp > 1 and visible < dp * tp:
+            raise ConfigError(
+                f"engine settings data_parallel_size={dp} x tensor_parallel_size={tp} need {dp * tp} GPUs, "
+                f"and {visible} are visible"
+            )
+        if dp == 1 and visible < tp:
+            raise ConfigError(f"engine setting tensor_parallel_size={tp} needs {tp} GPUs, and {visible} are visible")
+    elif dp > 1:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        if cores < dp:
+            raise ConfigError(f"engine setting data_parallel_size={dp} needs {dp} cores, and this process has {cores}")
+
+
+def for_replica(resolved: ResolvedConfig) -> ResolvedConfig:
+    """What one data-parallel replica is built from: one engine, its folders already verified."""
+    engine = dataclasses.replace(resolved.engine, data_parallel_size=1, verify_checksums=False)
+    return dataclasses.replace(resolved, engine=engine)
