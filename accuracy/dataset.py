@@ -2,6 +2,8 @@
 llama3.1-8b (a JSON list of records with `tok_input`, the prompt's token ids, and `output`, the
 reference summary; `input` holds the prompt text). The CPU demo's XSum stand-in is written in the
 same form, and so is llama2-70b's OpenOrca set, converted once from its pickle by harness.openorca.
+A `.parquet` file, as the newer references ship theirs (gpt-oss-120b's), is read with Hugging Face
+`datasets` (its Arrow reader, no hub), its prompt in `input_tokens` (or `tok_input`).
 Every problem names the file, the sample and the field. It lives in accuracy, which owns the
 references, so that the reference run and the submission chain read it without the harness."""
 
@@ -24,10 +26,30 @@ class Dataset:
         return len(self.input_ids)
 
 
-def load_cnn_eval(path: str | Path) -> Dataset:
+def load_dataset(path: str | Path) -> Dataset:
+    """The dataset at `path`: a JSON list of samples, or a parquet table with the same fields."""
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: dataset file not found (for the demo, run `make data`)")
+    records = _parquet_records(path) if path.suffix == ".parquet" else _json_records(path)
+    return _checked(path, records)
+
+
+def _parquet_records(path: Path) -> list[dict]:
+    from datasets import Dataset as ArrowTable
+
+    try:
+        table = ArrowTable.from_parquet(str(path), keep_in_memory=True)
+    except Exception as e:  # noqa: BLE001 - pyarrow's errors name no common base
+        raise DatasetError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+    if "tok_input" not in table.column_names and "input_tokens" in table.column_names:
+        table = table.rename_column("input_tokens", "tok_input")
+    if not len(table):
+        raise DatasetError(f"{path}: expected a non-empty table of samples")
+    return table.to_list()
+
+
+def _json_records(path: Path) -> list:
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
@@ -42,6 +64,10 @@ def load_cnn_eval(path: str | Path) -> Dataset:
         raise DatasetError(f"{path}: not valid JSON ({e})") from e
     if not isinstance(records, list) or not records:
         raise DatasetError(f"{path}: expected a non-empty JSON list of samples")
+    return records
+
+
+def _checked(path: Path, records: list) -> Dataset:
     input_ids, references = [], []
     for i, record in enumerate(records):
         if not isinstance(record, dict):

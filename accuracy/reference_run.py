@@ -31,12 +31,12 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from accuracy.dataset import DatasetError, load_cnn_eval
+    from accuracy.dataset import DatasetError, load_dataset
 
     if not (Path(args.model) / "config.json").is_file():
         sys.exit(f"error: reference_run: {args.model}: not a model folder (no config.json)")
     try:
-        data = load_cnn_eval(args.dataset)
+        data = load_dataset(args.dataset)
     except DatasetError as e:
         sys.exit(f"error: reference_run: {e}")
     tokenizer = AutoTokenizer.from_pretrained(args.model)

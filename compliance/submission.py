@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_dataset
 from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
@@ -175,7 +175,7 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     ):  # without it, harness.calibrate below says what is missing
         reason = interactive_past_budget(
             committed.read_text(),
-            len(load_cnn_eval(system.datasets[benchmark])),
+            len(load_dataset(system.datasets[benchmark])),
             server,
             BENCHMARKS[benchmark].latency_limits_ms[scenario],
             (time.time() - start) / 60,
@@ -205,7 +205,7 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
         overrun = past_budget(
             (logs / "calibration" / "user.conf").read_text(),
-            len(load_cnn_eval(system.datasets[benchmark])),
+            len(load_dataset(system.datasets[benchmark])),
             (time.time() - start) / 60,
         )
         if overrun:
@@ -232,7 +232,7 @@ def check_before_runs(system: System, benchmarks: list[str]) -> None:
     if without:
         raise ChainError(f"{system.path} names no dataset for {without}; it has {sorted(system.datasets)}")
     for benchmark in benchmarks:
-        load_cnn_eval(system.datasets[benchmark])
+        load_dataset(system.datasets[benchmark])
         load_tokenizer(system.model_for(benchmark))
 
 

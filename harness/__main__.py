@@ -1,5 +1,5 @@
 """`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06
-[--engine JSON --log-dir DIR]`"""
+[--config FILE.yaml] [--engine JSON] [--log-dir DIR]`"""
 
 import argparse
 import json
@@ -12,6 +12,24 @@ from compliance.run_folder import RunFolderError
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
+
+
+def engine_settings_file(path: Path) -> dict:
+    """Engine settings from a YAML file (a mapping of setting names to values), or exit naming what
+    is wrong with it; the settings themselves are checked with the system's."""
+    import yaml
+
+    try:
+        settings = yaml.safe_load(path.read_text())
+    except OSError as e:
+        sys.exit(f"error: harness: --config {path}: cannot read it ({e.strerror})")
+    except yaml.YAMLError as e:
+        sys.exit(f"error: harness: --config {path}: not valid YAML ({e})")
+    if not isinstance(settings, dict) or not all(isinstance(k, str) for k in settings):
+        sys.exit(
+            f"error: harness: --config {path}: expected a mapping of engine settings, got {type(settings).__name__}"
+        )
+    return settings
 
 
 def main() -> None:
@@ -35,6 +53,12 @@ def main() -> None:
         help="the folder holding systems/ and measurements/; logs go to its build/logs/",
     )
     run_parser.add_argument(
+        "--config",
+        type=Path,
+        help="engine settings over the system's for this run, from a YAML file (as vLLM's --config; "
+        "JSON is YAML too); --engine's go over these",
+    )
+    run_parser.add_argument(
         "--engine",
         help="engine settings over the system's for this run, as JSON "
         """(e.g. '{"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}')""",
@@ -53,10 +77,16 @@ def main() -> None:
     from harness.run import RunFailed, run
     from sut import SaafError
 
-    try:
-        engine = json.loads(args.engine) if args.engine is not None else None
-    except json.JSONDecodeError as e:
-        sys.exit(f"error: harness: --engine is not JSON: {e}")
+    engine = None
+    if args.config is not None:
+        engine = engine_settings_file(args.config)
+    if args.engine is not None:
+        try:
+            engine = {**(engine or {}), **json.loads(args.engine)}
+        except json.JSONDecodeError as e:
+            sys.exit(f"error: harness: --engine is not JSON: {e}")
+        except TypeError:
+            sys.exit("error: harness: --engine must be a JSON object of engine settings")
     try:
         cfg = RunConfig.resolve(
             args.system, args.benchmark, args.scenario, args.mode, args.root, args.user_conf, engine, args.log_dir

@@ -24,7 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from accuracy.dataset import load_cnn_eval
+from accuracy.dataset import load_dataset
 from harness.config import HarnessConfigError, RunConfig
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, expand_path
@@ -215,7 +215,7 @@ def run_configurations(system_name: str, benchmark: str, runs_dir: Path, root: P
     HarnessConfigError naming the run whose `harness run` failed, with its error."""
     system = System.load(system_name, root)
     report = report_settings(system, benchmark)
-    dataset = load_cnn_eval(system.datasets[benchmark])
+    dataset = load_dataset(system.datasets[benchmark])
     samples = min(report["samples"], len(dataset))
     configs = configurations(system, benchmark, max(map(len, dataset.input_ids)))
     runs_dir.mkdir(parents=True, exist_ok=True)

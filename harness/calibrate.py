@@ -44,7 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_dataset
 from harness.config import HarnessConfigError, RunConfig
 from systems.benchmarks import with_target_qps
 from systems.schema import REPO
@@ -350,7 +350,7 @@ def main() -> None:
         cfg = RunConfig.resolve(args.system, args.benchmark, args.scenario, "performance", args.root)
         if args.scenario not in cfg.benchmark.latency_limits_ms:
             raise HarnessConfigError(f"{cfg.benchmark.name} has no {args.scenario} scenario (no TTFT/TPOT limits)")
-        dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
+        dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
         engine = make_engine(
             cfg.system.model_for(cfg.benchmark.name), **cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
         )

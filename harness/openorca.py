@@ -1,5 +1,5 @@
 """The llama2-70b-99.9 dataset: MLPerf's OpenOrca pickle, converted once into the cnn_eval.json form
-that `accuracy.dataset.load_cnn_eval` reads, so that no pickle is loaded at run time.
+that `accuracy.dataset.load_dataset` reads, so that no pickle is loaded at run time.
 
     python -m harness.openorca convert --pickle open_orca_gpt4_tokenized_llama.sampled_24576.pkl \\
         --out open_orca_24576.json [--trust-pickle]
@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_dataset
 
 # SHA-256 digests of the official file as MLCommons publishes them. None is published: as of
 # mlcommons/inference b66003e (2026-08-20), language/llama2-70b/README.md gives only download
@@ -115,7 +115,7 @@ def convert(pickle_path: str | Path, out_path: str | Path, trust_pickle: bool = 
     records = frame_to_records(pickle_path, unpickle_frame(pickle_path, data))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(records))
-    dataset = load_cnn_eval(out_path)
+    dataset = load_dataset(out_path)
     return f"wrote {len(dataset)} samples to {out_path} from {pickle_path} (SHA-256 {digest})"
 
 

@@ -30,7 +30,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_dataset
 from accuracy.report import summarization_accuracy
 from harness.ablation import PLAN, report_settings, run_configurations
 from harness.config import HarnessConfigError
@@ -235,7 +235,7 @@ def build(
     dataset = None
     if record.get("dataset"):
         try:
-            dataset = load_cnn_eval(record["dataset"])
+            dataset = load_dataset(record["dataset"])
         except DatasetError as e:
             log(f"report: no input token counts or quality: {e}")
     unlogged = [entry["label"] for run, entry in latency_runs if any(q.num_tokens is None for q in run.queries)]

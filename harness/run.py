@@ -17,7 +17,7 @@ import sys
 import mlperf_loadgen as lg
 from tqdm import tqdm
 
-from accuracy.dataset import load_cnn_eval
+from accuracy.dataset import load_dataset
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance import test06
 from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log
@@ -50,7 +50,7 @@ def run(cfg: RunConfig) -> str:
         )
     _runs_in_this_process += 1
     # The inputs before the folder: a bad dataset must not cost the folder its earlier run.
-    dataset = load_cnn_eval(cfg.system.datasets[cfg.benchmark.name])
+    dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
     model = cfg.system.model_for(cfg.benchmark.name)
     check_token_ids(dataset, model)
     folder = RunFolder(cfg.log_dir)

@@ -114,6 +114,11 @@ class System:
         return self.models[benchmark]
 
 
+def saaf_cache() -> Path:
+    """Where models, datasets and the C kernels' builds live: $SAAF_CACHE, by default
+    ~/.cache/saaf-infer (the Makefile exports the same default to everything it runs)."""
+    return Path(os.environ.get("SAAF_CACHE") or "~/.cache/saaf-infer").expanduser()
+
+
 def expand_path(value: str) -> Path:
-    cache = os.environ.get("SAAF_CACHE", str(Path("~/.cache/saaf-infer").expanduser()))
-    return Path(os.path.expandvars(value.replace("${SAAF_CACHE}", cache))).expanduser()
+    return Path(os.path.expandvars(value.replace("${SAAF_CACHE}", str(saaf_cache())))).expanduser()

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from sut.cpu.build import runnable_levels
+from systems.schema import saaf_cache
 
 # The C kernels' instruction-set levels this CPU runs, for the tests that run each one
 # (tests/test_cpu_build.py names, as a skip, the levels it cannot run).
@@ -16,7 +17,7 @@ LEVELS = runnable_levels()
 SMOLLM2_DIR = Path(
     os.environ.get(
         "SAAF_MODEL_DIR",
-        Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser() / "models" / "smollm2-135m-instruct",
+        saaf_cache() / "models" / "smollm2-135m-instruct",
     )
 )
 

@@ -124,3 +124,26 @@ def test_test06_missing_log(tmp_path):
         "compliance.test06", "--logs", tmp_path / "none", "--out", tmp_path, "--scenario", "Offline", "--eos-id", "2"
     )
     assert_one_error_line(done, "none/mlperf_log_accuracy.json: accuracy log not found")
+
+
+def test_harness_run_takes_engine_settings_from_a_yaml_file(root):
+    """--config FILE.yaml lays its settings over the system's (here fixing its bad max_num_seqs, so the
+    run gets as far as its missing user.conf); --engine goes over both; a file that is not a
+    mapping of settings is refused by name."""
+    good = root / "engine.yaml"
+    good.write_text("# the Server settings\nmax_num_seqs: 4\ncpu:\n  int16_activations: false\n")
+    done = run_cli("harness", "run", "--system", "t", "--root", root, "--config", good)
+    assert_one_error_line(done, "Offline/user.conf: user.conf not found")
+    done = run_cli(
+        "harness", "run", "--system", "t", "--root", root, "--config", good, "--engine", '{"max_num_seqs": -7}'
+    )
+    assert_one_error_line(done, "max_num_seqs must be a positive integer, got -7")
+    listed = root / "list.yaml"
+    listed.write_text("- max_num_seqs\n- 4\n")
+    done = run_cli("harness", "run", "--system", "t", "--root", root, "--config", listed)
+    assert_one_error_line(done, "list.yaml: expected a mapping of engine settings, got list")
+    broken = root / "broken.yaml"
+    broken.write_text("max_num_seqs: [4\n")
+    assert_one_error_line(
+        run_cli("harness", "run", "--system", "t", "--root", root, "--config", broken), "broken.yaml: not valid YAML"
+    )

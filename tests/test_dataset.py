@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_dataset
 from harness.demo_data import INSTRUCTION, build
 
 
@@ -13,12 +13,12 @@ def write(path, records):
     return path
 
 
-def test_load_cnn_eval(tmp_path):
+def test_load_dataset(tmp_path):
     path = write(
         tmp_path / "cnn_eval.json",
         [{"input": "a", "tok_input": [1, 2, 3], "output": "x"}, {"input": "b", "tok_input": [4], "output": "y"}],
     )
-    data = load_cnn_eval(path)
+    data = load_dataset(path)
     assert len(data) == 2 and data.input_ids == [[1, 2, 3], [4]] and data.references == ["x", "y"]
 
 
@@ -38,15 +38,15 @@ def test_load_cnn_eval(tmp_path):
 )
 def test_bad_samples_are_named(tmp_path, records, message):
     with pytest.raises(DatasetError, match=message):
-        load_cnn_eval(write(tmp_path / "d.json", records))
+        load_dataset(write(tmp_path / "d.json", records))
 
 
 def test_missing_or_corrupt_file(tmp_path):
     with pytest.raises(DatasetError, match="dataset file not found"):
-        load_cnn_eval(tmp_path / "none.json")
+        load_dataset(tmp_path / "none.json")
     (tmp_path / "bad.json").write_text("[{")
     with pytest.raises(DatasetError, match="not valid JSON"):
-        load_cnn_eval(tmp_path / "bad.json")
+        load_dataset(tmp_path / "bad.json")
 
 
 def test_demo_builder_writes_chat_prompts_that_load_back(smollm2_dir, tmp_path):
@@ -78,6 +78,27 @@ def test_demo_builder_writes_chat_prompts_that_load_back(smollm2_dir, tmp_path):
         [{"role": "user", "content": INSTRUCTION.format(article=one_more)}], add_generation_prompt=True, tokenize=False
     )
     assert len(tokenizer.encode(text, add_special_tokens=False)) > 200  # the most sentences that fit
-    data = load_cnn_eval(write(tmp_path / "demo.json", records))
+    data = load_dataset(write(tmp_path / "demo.json", records))
     assert data.input_ids[0] == tokenizer.encode(records[0]["input"], add_special_tokens=False)
     assert all(len(ids) <= 200 for ids in data.input_ids)
+
+
+def test_a_parquet_dataset_reads_as_the_json_one(tmp_path):
+    """The newer references' parquet tables (gpt-oss-120b's), through `datasets`' Arrow reader with
+    no hub: the prompt from `input_tokens` (or `tok_input`), the reference from `output`; the same
+    checks as a JSON file, and a file that is not parquet named as such."""
+    from datasets import Dataset as ArrowTable
+
+    rows = [
+        {"input_tokens": [5, 6, 7], "output": "first", "num_tokens": 3},
+        {"input_tokens": [9], "output": "second", "num_tokens": 1},
+    ]
+    ArrowTable.from_list(rows).to_parquet(str(tmp_path / "perf.parquet"))
+    data = load_dataset(tmp_path / "perf.parquet")
+    assert data.input_ids == [[5, 6, 7], [9]] and data.references == ["first", "second"]
+    ArrowTable.from_list([{"tok_input": [1, 2], "output": 3}]).to_parquet(str(tmp_path / "bad.parquet"))
+    with pytest.raises(DatasetError, match=r"bad.parquet: sample 0 field 'output' must be a string"):
+        load_dataset(tmp_path / "bad.parquet")
+    (tmp_path / "text.parquet").write_text("not parquet")
+    with pytest.raises(DatasetError, match=r"text.parquet: not a readable parquet file"):
+        load_dataset(tmp_path / "text.parquet")

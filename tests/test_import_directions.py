@@ -12,7 +12,7 @@ from systems.schema import REPO
 # package -> the packages of ours it may import (besides itself)
 ALLOWED = {
     "kernels": set(),
-    "sut": {"kernels"},
+    "sut": {"kernels", "systems"},  # systems: where $SAAF_CACHE points (schema.saaf_cache), nothing else
     "systems": set(),
     "accuracy": {"systems"},
     "compliance": {"accuracy", "systems"},
@@ -214,3 +214,13 @@ def test_the_checker_catches_forbidden_imports(tmp_path):
         "compliance/deep/rel.py:1: compliance -> sut (sut)",
         "harness/bad.py:1: harness -> kernels (kernels.rms_norm)",
     ]
+
+
+def test_sut_takes_from_systems_only_where_the_cache_is():
+    """The engine knows nothing of MLPerf systems; it shares the one place $SAAF_CACHE is resolved."""
+    taken = set()
+    for path in (REPO / "sut").rglob("*.py"):
+        for _, module, names in imported_modules(ast.parse(path.read_text()), []):
+            if module and module.split(".")[0] == "systems":
+                taken |= {(module, name) for name in names} or {(module, None)}
+    assert taken == {("systems.schema", "saaf_cache")}

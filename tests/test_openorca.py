@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accuracy.dataset import DatasetError, load_cnn_eval
+from accuracy.dataset import DatasetError, load_dataset
 from harness import openorca
 from tests.test_kernels_name import REPO
 
@@ -50,7 +50,7 @@ def test_converted_samples_load_with_the_json_loader(tmp_path, name):
     out = tmp_path / "json" / "open_orca.json"
     summary = openorca.convert(path, out, trust_pickle=True)
     assert summary.startswith(f"wrote 2 samples to {out}")
-    data = load_cnn_eval(out)
+    data = load_dataset(out)
     assert data.input_ids == [[1, 518, 25580, 29871], [1, 518, 3917, 29871]]
     assert data.references == ["Blue is a colour.", "One, two."]
     assert [r["input"] for r in json.loads(out.read_text())] == list(official_frame()["input"])

@@ -19,6 +19,7 @@ import warnings
 from pathlib import Path
 
 from sut.errors import ConfigError
+from systems.schema import saaf_cache
 
 LEVELS = ("portable", "avx2", "avx512")  # lowest first; the C side reports its level as the index
 ISA_ENV = "SAAF_CPU_ISA"
@@ -127,7 +128,7 @@ def _cpuinfo_lines() -> list[str]:
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("SAAF_CACHE", "~/.cache/saaf-infer")).expanduser() / "build"
+    return saaf_cache() / "build"
 
 
 def _build(level: str) -> ctypes.CDLL:
