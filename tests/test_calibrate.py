@@ -11,12 +11,18 @@ import sys
 
 import pytest
 
+import harness.calibrate
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
 from harness.calibrate import (
     BURST_SECONDS,
+    MARGIN,
+    PROBE_STEP,
+    PROBES,
     REPLAYS,
     RUN_SHARE,
+    TTFT_TAIL_SHARE,
     WINDOW_SECONDS,
+    Probe,
     calibrate,
     calibrated_user_conf,
     poisson_arrivals,
@@ -86,14 +92,16 @@ def test_replay_answers_every_arrival(engine):
 
 
 def test_a_feasible_scenario_gets_a_rehearsed_target(engine):
+    """On the real engine, with limits a loaded machine's slow steps still meet (the tiny model's
+    first tokens take milliseconds): the rate that passed every replay, and the run's share of it."""
     schedule = poisson_arrivals(1.0, 400, 4, seed=3)
     cal = calibrate(
         engine,
         random_prompts([20, 40, 10, 30]),
         PARAMS,
         "Server",
-        2000,
-        100,
+        20000,
+        1000,
         schedule,
         probe_seconds=1.0,
         log=lambda _line: None,
@@ -101,10 +109,39 @@ def test_a_feasible_scenario_gets_a_rehearsed_target(engine):
     assert cal.ttft_floor_ms > 0 and cal.tpot_floor_ms > 0
     assert cal.target_qps == RUN_SHARE * cal.passed_qps and cal.capacity_qps > cal.passed_qps
     passed = cal.probes[-REPLAYS:]  # the first rate whose every replay met the limits
-    assert all(p.qps == cal.passed_qps and p.meets(2000, 100) for p in passed)
+    assert all(p.qps == cal.passed_qps and p.meets(20000, 1000) for p in passed)
     assert all(p.qps > cal.passed_qps for p in cal.probes[1:-REPLAYS])
     assert cal.probes[-1].seconds == sum(WINDOW_SECONDS)
     assert f"target_qps {cal.target_qps:.3f}" in cal.summary()
+
+
+def test_the_rate_steps_down_until_every_replay_of_it_passes(engine, monkeypatch):
+    """The search itself, on replays whose slowest first token grows with the rate (no clock): each
+    rate that fails a replay is replaced by PROBE_STEP of it, the first whose REPLAYS replays all
+    pass is kept, and the runs take RUN_SHARE of it; with no such rate in PROBES tries, the scenario
+    is left out naming the last one."""
+    rehearsed, first = [], []
+
+    def fake_replay(engine, prompts, params, qps, arrivals, seconds):
+        if seconds != sum(WINDOW_SECONDS):  # the capacity probe: busy a quarter of the time
+            first.append(MARGIN * qps / 0.25)  # so the first rate rehearsed
+            return Probe(qps, seconds, 4, 4, 0.25, 10.0, 10.0, 5.0, 5.0)
+        rehearsed.append(qps)
+        slowest = 2000.0 * qps / first[-1]  # 2 s at the first rate, less in proportion below it
+        return Probe(qps, seconds, 4, 4, 0.5, slowest, slowest, 5.0, 5.0)
+
+    monkeypatch.setattr(harness.calibrate, "replay", fake_replay)
+    prompts, schedule = random_prompts([20, 40, 10, 30]), poisson_arrivals(1.0, 400, 4, seed=3)
+    cal = calibrate(engine, prompts, PARAMS, "Server", 2000, 100, schedule, probe_seconds=1.0, log=lambda _line: None)
+    # A rate passes once 2000 ms x (rate / first) < TTFT_TAIL_SHARE x 2000 ms.
+    steps = next(i for i in range(PROBES) if PROBE_STEP**i < TTFT_TAIL_SHARE)
+    assert steps == 3
+    want = [first[-1] * PROBE_STEP**i for i in range(steps)] + [first[-1] * PROBE_STEP**steps] * REPLAYS
+    assert rehearsed == pytest.approx(want)
+    assert cal.passed_qps == pytest.approx(want[-1]) and cal.target_qps == RUN_SHARE * cal.passed_qps
+    rehearsed.clear()
+    cal = calibrate(engine, prompts, PARAMS, "Server", 400, 100, schedule, probe_seconds=1.0, log=lambda _line: None)
+    assert len(rehearsed) == PROBES and cal.target_qps is None and "no rate kept" in cal.reason
 
 
 def test_a_scenario_below_its_floors_is_left_out_with_the_reason(engine):
