@@ -160,6 +160,13 @@ def _root_args(root: Path) -> list[str]:
     return [] if root == REPO else ["--root", str(root)]
 
 
+def harness_command(system: str, benchmark: str, scenario: str, mode: str, root: Path, *args) -> list[str]:
+    """`python -m harness run` for one run (extra `args` on its command line): the chain's and the
+    report's (harness/ablation.py) runs are all started this way."""
+    command = ["-m", "harness", "run", "--system", system, "--benchmark", benchmark, "--scenario", scenario]
+    return [sys.executable, *command, "--mode", mode, *_root_args(root), *map(str, args)]
+
+
 def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: Path, start: float) -> list[str] | None:
     """Calibrate a latency scenario; return the `--user-conf` arguments for its runs, or None when
     it is left out (the reason printed and kept in its calibration.json)."""
@@ -270,21 +277,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
                     f"({(time.time() - start) / 60:.1f} min so far)",
                     flush=True,
                 )
-                command = [
-                    sys.executable,
-                    "-m",
-                    "harness",
-                    "run",
-                    "--system",
-                    system_name,
-                    "--benchmark",
-                    benchmark,
-                    "--scenario",
-                    scenario,
-                    "--mode",
-                    mode,
-                    *_root_args(root),
-                ]
+                command = harness_command(system_name, benchmark, scenario, mode, root)
                 run_step(command + user_conf)
                 for _ in range(OFFLINE_RERUNS if scenario == "Offline" and mode == "performance" else 0):
                     rerun = offline_rate(

@@ -19,12 +19,12 @@ many queries as samples; the schedule and sample seeds are mlperf.conf's), and l
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from accuracy.dataset import load_dataset
+from compliance.submission import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, expand_path
@@ -241,21 +241,12 @@ def run_configurations(system_name: str, benchmark: str, runs_dir: Path, root: P
             f"report: [{n}/{len(configs)}] {config.label} at {config.target_qps:.3f} QPS "
             f"({(time.perf_counter() - start) / 60:.1f} min so far)"
         )
-        command = [
-            sys.executable,
-            "-m",
-            "harness",
-            "run",
-            "--system",
+        command = harness_command(
             system_name,
-            "--benchmark",
             benchmark,
-            "--scenario",
             SCENARIO,
-            "--mode",
             "performance",
-            "--root",
-            str(root),
+            root,
             "--user-conf",
             str(runs_dir / f"{config.folder}.conf"),
             "--engine",
@@ -263,7 +254,7 @@ def run_configurations(system_name: str, benchmark: str, runs_dir: Path, root: P
             "--log-dir",
             str(runs_dir / config.folder),
             "--log-responses",
-        ]
+        )
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
             errors = [

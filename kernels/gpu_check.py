@@ -551,13 +551,18 @@ def write_results(results: dict, out: Path, start: float) -> int:
     return 1 if failed else 0
 
 
-def main(argv=None) -> int:
+def main(argv=None, more=None) -> int:
+    """The kernels' checks and benchmarks; `more(results, device, skip_bench)` adds to the results
+    before they are written (the engine's half, sut/bench/gpu_check.py)."""
     args = arguments(argv)
     if not torch.cuda.is_available():
         print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
         return 0
     start = time.time()
-    results = run_kernels(torch.device("cuda"), args.skip_bench)
+    device = torch.device("cuda")
+    results = run_kernels(device, args.skip_bench)
+    if more is not None:
+        more(results, device, args.skip_bench)
     return write_results(results, Path(args.out), start)
 
 

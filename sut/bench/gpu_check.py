@@ -11,12 +11,10 @@ it is.
 """
 
 import sys
-import time
-from pathlib import Path
 
 import torch
 
-from kernels.gpu_check import arguments, run_kernels, write_results
+from kernels import gpu_check
 from sut.bench.gpu_steps import LLAMA_31_8B, StepBench, tensor_parallel_check
 
 # The engine's steps on Llama-3.1-8B's shape (sut/bench/gpu_steps.py): decodes over ~1k-token contexts,
@@ -80,23 +78,19 @@ def check_tensor_parallel() -> dict:
     return result
 
 
-def main(argv=None) -> int:
-    args = arguments(argv)
-    if not torch.cuda.is_available():
-        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
-        return 0
-    start = time.time()
-    device = torch.device("cuda")
-    results = run_kernels(device, args.skip_bench)
+def add_engine_results(results: dict, device, skip_bench: bool) -> None:
     results["tensor_parallel"] = check_tensor_parallel()
     results["engine"] = []
-    if not args.skip_bench:
+    if not skip_bench:
         try:
             results["engine"] = bench_engine(device, results["measured_gbps"])
         except Exception as e:  # noqa: BLE001 - the kernels' results still get written
             results["engine_error"] = f"{type(e).__name__}: {e}"
             print(f"  engine steps FAILED: {results['engine_error']}", flush=True)
-    return write_results(results, Path(args.out), start)
+
+
+def main(argv=None) -> int:
+    return gpu_check.main(argv, more=add_engine_results)
 
 
 if __name__ == "__main__":
