@@ -2,7 +2,7 @@
 (engine.py, with the CPU backend's in cpu.py and speculative decoding's in speculative.py)."""
 
 from sut.config.cpu import CpuSettings
-from sut.config.engine import EngineConfig, resolved_dtype, resolved_max_model_len
+from sut.config.engine import EngineConfig
 from sut.config.model import DTYPES, SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 from sut.config.speculative import SpeculativeConfig
 
@@ -14,6 +14,4 @@ __all__ = [
     "ModelConfig",
     "RopeScaling",
     "SpeculativeConfig",
-    "resolved_dtype",
-    "resolved_max_model_len",
 ]

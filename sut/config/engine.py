@@ -5,10 +5,8 @@ import re
 import typing
 from dataclasses import dataclass, fields
 
-import torch
-
 from sut.config.cpu import CpuSettings
-from sut.config.model import DTYPES, ModelConfig
+from sut.config.model import DTYPES
 from sut.config.speculative import SpeculativeConfig
 from sut.errors import ConfigError
 
@@ -139,13 +137,3 @@ def _is_kind(value, kind: type) -> bool:
     if kind is float:
         return isinstance(value, (int, float)) and math.isfinite(value)
     return isinstance(value, kind)
-
-
-def resolved_max_model_len(config: EngineConfig, model: ModelConfig) -> int:
-    """Prompt plus output tokens at most: the setting, else the model's maximum."""
-    return config.max_model_len or model.max_position_embeddings
-
-
-def resolved_dtype(config: EngineConfig, model: ModelConfig) -> torch.dtype:
-    """The weights' and activations' dtype: the setting, else the checkpoint's."""
-    return model.dtype if config.dtype == "auto" else DTYPES[config.dtype]

@@ -56,11 +56,8 @@ class LLMEngine:
 
     def _start(self, resolved: ResolvedConfig) -> None:
         self.config, self.model_config, mc = resolved.engine, resolved.model, resolved.model
-        self.max_model_len, self.dtype, self.device = (
-            resolved.max_model_len,
-            resolved.dtype,
-            torch.device(resolved.device),
-        )
+        self.max_model_len, self.dtype = resolved.max_model_len, resolved.dtype
+        self.device = torch.device(resolved.device)
         self.tokenizer = load_tokenizer(resolved.folder)
         self.eos_token_ids = mc.eos_token_ids
         draft = resolved.draft

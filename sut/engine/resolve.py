@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from sut.config import EngineConfig, ModelConfig, resolved_dtype, resolved_max_model_len
+from sut.config import DTYPES, EngineConfig, ModelConfig
 from sut.config.resolved import DraftModel, ResolvedConfig
 from sut.errors import CheckpointError, ConfigError
 from sut.model.checksums import verify_folder
@@ -24,7 +24,7 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
     if not folder.is_dir():
         raise CheckpointError(f"{folder}: model folder does not exist")
     mc = ModelConfig.from_folder(folder)
-    max_model_len = resolved_max_model_len(config, mc)
+    max_model_len = config.max_model_len or mc.max_position_embeddings
     if max_model_len > mc.max_position_embeddings:
         raise ConfigError(
             f"engine setting max_model_len={max_model_len} exceeds the model's "
@@ -60,7 +60,8 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
         verify_folder(folder)
         if draft is not None:
             verify_folder(draft.folder)
-    return ResolvedConfig(folder, config, mc, max_model_len, resolved_dtype(config, mc), device, draft)
+    dtype = mc.dtype if config.dtype == "auto" else DTYPES[config.dtype]
+    return ResolvedConfig(folder, config, mc, max_model_len, dtype, device, draft)
 
 
 def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:
