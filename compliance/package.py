@@ -128,6 +128,12 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
                 f"docstring states): {calibration['summary']}. user.conf here is the committed one with that "
                 "target_qps.\n"
             )
+            if calibration.get("trials"):
+                f.write(
+                    f"\nThe capacity search's LoadGen runs on this machine, in order (their verdicts LoadGen's; "
+                    f"{calibration['margin']}):\n\n"
+                )
+                f.writelines(f"- {t['qps']:.3f} QPS: {t['detail']}\n" for t in calibration["trials"])
     for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt"):
         _copy(logs / "performance" / name, out / "performance" / "run_1" / name)
         _copy(logs / "accuracy" / name, out / "accuracy" / name)
@@ -255,7 +261,7 @@ def package(
         results = org / "results" / system.name / name / scenario
         if calibration is not None and calibration["target_qps"] is None:  # this machine meets no load
             with open(org / "documentation" / "README.md", "a") as f:
-                f.write(f"\n{name} {scenario} is left out: {calibration['summary']}\n")
+                f.write(f"\n{name} {calibration['summary']}\n")  # "<Scenario>: left out: why"
             continue
         settings = root / "measurements" / system.name / benchmark / scenario
         failures += [

@@ -2,9 +2,10 @@
 scenario, the performance, accuracy and TEST06 runs through `python -m harness run`; then the
 tree (compliance/package.py) and our checker (compliance/check.py) over it.
 
-A latency scenario (Server, Interactive) is first calibrated on this machine (harness.calibrate):
-its runs take the target_qps measured there, and a scenario no load can meet here is left out,
-with the reason, in the chain's output and the tree's documentation. A demo system also leaves out
+A latency scenario (Server, Interactive) is first calibrated on this machine (harness.calibrate: its
+capacity at the latency limits, found by LoadGen runs): its runs take a share of the capacity
+found there, and a scenario no load can meet here is left out, with the reason, in the chain's
+output and the tree's documentation. A demo system also leaves out
 Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server covers the checker's
 "one of Server and Interactive"). An Offline performance run that ends before its min_duration
 (a machine faster than the committed target_qps assumes) is run again at the rate it measured
@@ -30,13 +31,18 @@ from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import PackagingError, load_calibration, package
 from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
-from systems.benchmarks import BENCHMARKS, with_target_qps
+from systems.benchmarks import BENCHMARKS, with_conf_value
 from systems.schema import REPO, System, SystemConfigError
 
 MODES = ("performance", "accuracy", "TEST06")
 LATENCY_SCENARIOS = ("Server", "Interactive")
 DEMO_BUDGET_MIN = 30
 TEST06_QUERIES = 100  # compliance/TEST06.audit.config
+START_SHARE = 0.8  # of Offline's samples/s: Server's first rate in the capacity search
+# Of Server's capacity: Interactive's first rate. Its limits are tighter in both, and its engine
+# settings (a smaller step budget, a lower TPOT target) serve less: at Server's capacity a 2-core
+# Zen 4's Interactive trial had a p99 TTFT of 22 s against the 500 ms limit.
+INTERACTIVE_START_SHARE = 0.5
 # An Offline rerun's target_qps over the samples/s the short run measured. LoadGen issues one query
 # of target_qps x min_duration x 1.1 samples (at least min_query_count), so at that rate a rerun
 # lasts 1.65x min_duration; the engine is faster on a larger query (its batches stay full), hence
@@ -86,7 +92,7 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
         return None
     measured = detail["result_samples_per_second"]
     qps = round(measured * OFFLINE_RATE_MARGIN, 3)
-    text = with_target_qps(committed_conf.read_text(), loadgen_model, "Offline", str(qps))
+    text = with_conf_value(committed_conf.read_text(), loadgen_model, "Offline", "target_qps", str(qps))
     calibration = logs / "calibration"
     calibration.mkdir(parents=True, exist_ok=True)
     short_run = calibration / f"short-run-{len(list(calibration.glob('short-run-*'))) + 1}"
@@ -156,6 +162,13 @@ def interactive_past_budget(
     )
 
 
+def _elapsed(system: System, start: float) -> str:
+    minutes = (time.time() - start) / 60
+    if not system.demo:
+        return f"{minutes:.1f} min so far"
+    return f"{minutes:.1f} min so far, {max(0.0, DEMO_BUDGET_MIN - minutes):.1f} left of the demo's {DEMO_BUDGET_MIN}"
+
+
 def _root_args(root: Path) -> list[str]:
     return [] if root == REPO else ["--root", str(root)]
 
@@ -165,6 +178,21 @@ def harness_command(system: str, benchmark: str, scenario: str, mode: str, root:
     report's (harness/ablation.py) runs are all started this way."""
     command = ["-m", "harness", "run", "--system", system, "--benchmark", benchmark, "--scenario", scenario]
     return [sys.executable, *command, "--mode", mode, *_root_args(root), *map(str, args)]
+
+
+def start_qps(logs: Path, scenario: str, server: dict | None) -> float | None:
+    """The capacity search's first rate: for Server, START_SHARE of the samples/s Offline's
+    performance run measured (a saturated engine's rate bounds what meets latency limits); for
+    Interactive, INTERACTIVE_START_SHARE of Server's capacity; None (the committed target_qps)
+    without them."""
+    if scenario == "Interactive":
+        capacity = server.get("capacity_qps") if server else None
+        return capacity and INTERACTIVE_START_SHARE * capacity
+    offline = logs.parent / "Offline" / "performance" / "mlperf_log_detail.txt"
+    if not offline.is_file():
+        return None
+    detail, _ = read_detail_log(offline)
+    return START_SHARE * detail["result_samples_per_second"] if "result_samples_per_second" in detail else None
 
 
 def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: Path, start: float) -> list[str] | None:
@@ -194,19 +222,11 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
         )
         print(f"submission: {benchmark} {reason}", flush=True)
         return None
+    budget = ["--budget-min", f"{DEMO_BUDGET_MIN - (time.time() - start) / 60:.2f}"] if system.demo else []
+    first = start_qps(logs, scenario, server)
+    command = ["-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark, "--scenario", scenario]
     run_step(
-        [
-            sys.executable,
-            "-m",
-            "harness.calibrate",
-            "--system",
-            system.name,
-            "--benchmark",
-            benchmark,
-            "--scenario",
-            scenario,
-            *_root_args(root),
-        ]
+        [sys.executable, *command, *(["--start-qps", f"{first:.4f}"] if first else []), *budget, *_root_args(root)]
     )
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
@@ -264,8 +284,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
             user_conf = []
             if scenario in LATENCY_SCENARIOS:
                 print(
-                    f"submission: {system_name} {benchmark} {scenario} calibration "
-                    f"({(time.time() - start) / 60:.1f} min so far)",
+                    f"submission: {system_name} {benchmark} {scenario} calibration ({_elapsed(system, start)})",
                     flush=True,
                 )
                 user_conf = calibrate(system, benchmark, scenario, root, logs, start)
@@ -273,8 +292,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
                     continue
             for mode in MODES:
                 print(
-                    f"submission: {system_name} {benchmark} {scenario} {mode} "
-                    f"({(time.time() - start) / 60:.1f} min so far)",
+                    f"submission: {system_name} {benchmark} {scenario} {mode} ({_elapsed(system, start)})",
                     flush=True,
                 )
                 command = harness_command(system_name, benchmark, scenario, mode, root)

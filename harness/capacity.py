@@ -1,17 +1,43 @@
-"""The capacity at the latency limits: the highest `target_qps` whose run meets them (MLPerf's
-Server and Interactive score, Sarathi-Serve's serving capacity). A search over rates, each tried by
-a run the caller supplies (a LoadGen run, in the end), which says whether that rate passed: first a
-bracket (from a starting rate, up by `grow` while runs pass, down while they fail), then bisection
-in ratio (the geometric mean of the bracket) until the bracket is within `tolerance` or the runs
-allowed are spent. It assumes what a queue does: a rate above one that fails fails too.
+"""The capacity at the latency limits: the highest `target_qps` whose LoadGen run meets them under
+MLPerf's rules, early stopping included (MLPerf's Server and Interactive score, Sarathi-Serve's
+serving capacity), found by LoadGen runs on LoadGen's own schedule.
 
-This is the search alone (issue 29, part 1); the LoadGen runs it drives, and its use by
-`make submission` and `make report`, come next.
+The search (`search_capacity`) tries rates by a run the caller supplies, which says whether that
+rate passed: first a bracket (from a starting rate, up by `grow` while runs pass, down while they
+fail), then bisection in ratio (the geometric mean of the bracket) until the bracket is within
+`tolerance`, the runs allowed are spent, or the next run would not fit the time left. It assumes
+what a queue does: a rate above one that fails fails too.
+
+`LoadGenTrials` is that run: one `harness run` (or any command writing LoadGen's logs) per rate,
+whose verdict is LoadGen's own `result_validity`. A trial is the scenario's user.conf with only
+`target_qps` changed and its run shortened where that is sound: min_duration at most
+TRIAL_MIN_DURATION_MS and min_query_count at most TRIAL_MIN_QUERIES, but never under
+EARLY_STOPPING_QUERIES, early stopping's minimum for a p99. Fewer queries make early stopping stricter, not
+looser: with n queries it allows fewer over the limit in proportion, so a rate that passes a trial
+meets the p99 with at least the confidence the full run needs; what a shorter run can miss is a
+queue that builds over minutes, which is why the runs then take a margin below the rate found
+(compliance/submission.py).
 """
 
 import math
+import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from compliance.loadgen_logs import read_detail_log
+from systems.benchmarks import conf_value, with_conf_value
+
+TRIAL_MIN_DURATION_MS = 60_000
+TRIAL_MIN_QUERIES = 1000  # at most (a rig's user.conf takes mlperf.conf's, far more)
+# At least: with fewer, LoadGen's early stopping cannot pass a p99 at all ("would need at least N
+# more queries"), whatever the latencies, and the run says nothing about its rate.
+EARLY_STOPPING_QUERIES = 460
+STARTUP_S = 10.0  # a run's process start, model load and warm-up, for the time a trial takes
+
+
+class CapacityError(RuntimeError):
+    """A trial's run failed (not: its rate did not pass); the message names it and why."""
 
 
 @dataclass
@@ -26,13 +52,16 @@ class CapacitySearch:
     passed_qps: float | None = None  # the highest rate that passed: the capacity found
     failed_qps: float | None = None  # the lowest rate that failed above it: the bracket's top
     trials: list[Trial] = field(default_factory=list)
+    stopped: str = ""  # why the search ended before its tolerance, where it did
 
     def summary(self) -> str:
         tried = ", ".join(f"{t.qps:.3f} {'pass' if t.passed else 'FAIL'}" for t in self.trials)
+        stopped = f"; {self.stopped}" if self.stopped else ""
         if self.passed_qps is None:
-            return f"no rate passed down to {self.failed_qps:.3f} QPS (tried {tried})"
+            lowest = f"down to {self.failed_qps:.3f} QPS" if self.failed_qps is not None else "(none tried)"
+            return f"no rate passed {lowest} (tried {tried}{stopped})"
         top = "no rate failed" if self.failed_qps is None else f"{self.failed_qps:.3f} failed"
-        return f"capacity {self.passed_qps:.3f} QPS ({top}; tried {tried})"
+        return f"capacity {self.passed_qps:.3f} QPS ({top}; tried {tried}{stopped})"
 
 
 def search_capacity(
@@ -42,14 +71,20 @@ def search_capacity(
     max_runs: int = 10,
     grow: float = 2.0,
     min_qps: float = 1e-3,
+    affordable: Callable[[float], str | None] = lambda qps: None,
 ) -> CapacitySearch:
     """The highest rate `run` passes, to within `tolerance` (failed / passed - 1) where `max_runs`
-    allow; `min_qps` ends a search down that never passes."""
+    allow; `min_qps` ends a search down that never passes, `affordable(qps)` (why a run at that
+    rate does not fit the time left, or None) any search before a run it cannot pay for."""
     if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1:
         raise ValueError("search_capacity: start_qps > 0, grow > 1, tolerance > 0 and max_runs >= 1 are needed")
     found = CapacitySearch()
 
-    def trial(qps: float) -> bool:
+    def trial(qps: float) -> bool | None:
+        too_long = affordable(qps)
+        if too_long:
+            found.stopped = too_long
+            return None
         result = run(qps)
         found.trials.append(result)
         if result.passed and (found.passed_qps is None or qps > found.passed_qps):
@@ -61,17 +96,109 @@ def search_capacity(
     qps = start_qps
     passed = trial(qps)
     # Bracket: up while passing, down while failing.
-    while len(found.trials) < max_runs and (found.passed_qps is None or found.failed_qps is None):
+    while (
+        passed is not None and len(found.trials) < max_runs and (found.passed_qps is None or found.failed_qps is None)
+    ):
         qps = qps * grow if passed else qps / grow
         if qps < min_qps:
+            found.stopped = f"the next rate, {qps:.4f} QPS, is under the lowest tried ({min_qps} QPS)"
             break
         passed = trial(qps)
     # Bisect in ratio: rates span orders of magnitude, and the tolerance is a ratio.
     while (
-        len(found.trials) < max_runs
+        passed is not None
+        and len(found.trials) < max_runs
         and found.passed_qps is not None
         and found.failed_qps is not None
         and found.failed_qps / found.passed_qps - 1 > tolerance
     ):
-        trial(math.sqrt(found.passed_qps * found.failed_qps))
+        passed = trial(math.sqrt(found.passed_qps * found.failed_qps))
+    narrowed = (
+        found.passed_qps is not None
+        and found.failed_qps is not None
+        and found.failed_qps / found.passed_qps - 1 <= tolerance
+    )
+    if not found.stopped and not narrowed and len(found.trials) >= max_runs:
+        found.stopped = f"the {max_runs} runs allowed were spent"
     return found
+
+
+def trial_conf(conf_text: str, loadgen_model: str, qps: float, limits_ms: tuple[float, float] | None = None) -> str:
+    """The scenario's user.conf (its text) for a trial at `qps`: target_qps replaced, the run
+    shortened (module doc), and where `limits_ms` (TTFT, TPOT) are given, those limits in place of
+    the benchmark's (the report's other targets; never a submission's)."""
+    text = with_conf_value(conf_text, loadgen_model, "Server", "target_qps", f"{qps:.4f}")
+    duration = int(conf_value(text, loadgen_model, "Server", "min_duration") or TRIAL_MIN_DURATION_MS)
+    queries = int(conf_value(text, loadgen_model, "Server", "min_query_count") or TRIAL_MIN_QUERIES)
+    text = with_conf_value(text, loadgen_model, "Server", "min_duration", str(min(duration, TRIAL_MIN_DURATION_MS)))
+    queries = max(EARLY_STOPPING_QUERIES, min(queries, TRIAL_MIN_QUERIES))
+    text = with_conf_value(text, loadgen_model, "Server", "min_query_count", str(queries))
+    if limits_ms is not None:
+        text = with_conf_value(text, loadgen_model, "Server", "ttft_latency", f"{limits_ms[0]:g}")
+        text = with_conf_value(text, loadgen_model, "Server", "tpot_latency", f"{limits_ms[1]:g}")
+    return text
+
+
+def run_seconds(conf_text: str, loadgen_model: str, qps: float) -> float:
+    """How long a Server run of this user.conf takes at `qps` when the rate is met: its
+    min_duration or its min_query_count's arrivals, whichever is longer, and its start."""
+    duration_ms = int(conf_value(conf_text, loadgen_model, "Server", "min_duration") or TRIAL_MIN_DURATION_MS)
+    queries = int(conf_value(conf_text, loadgen_model, "Server", "min_query_count") or TRIAL_MIN_QUERIES)
+    return max(duration_ms / 1000, queries / qps) + STARTUP_S
+
+
+def trial_from_detail(qps: float, detail: dict) -> Trial:
+    """LoadGen's verdict on a run, and what it measured, as a Trial."""
+    verdict = detail.get("result_validity", "INVALID")
+    why = []
+    if not detail.get("result_perf_constraints_met", True):
+        why.append("p99 over a limit")
+    if not detail.get("early_stopping_met", True):
+        why.append("early stopping not met")
+    if not detail.get("result_min_queries_met", True):
+        why.append("too few queries")
+    if not detail.get("result_min_duration_met", True):
+        why.append("under min_duration")
+    ttft = detail.get("result_first_token_99.00_percentile_latency_ns", 0) / 1e6
+    tpot = detail.get("result_time_per_output_token_99.00_percentile_ns", 0) / 1e6
+    return Trial(
+        qps,
+        verdict == "VALID",
+        f"LoadGen {verdict}{' (' + ', '.join(why) + ')' if why else ''}: p99 TTFT {ttft:.0f} ms, p99 TPOT "
+        f"{tpot:.1f} ms, {detail.get('result_query_count')} queries, "
+        f"{detail.get('result_completed_samples_per_sec', 0):.3f} completed/s",
+    )
+
+
+@dataclass
+class LoadGenTrials:
+    """The search's run: a LoadGen Server run per rate, in `folder`/NN-QPS/ (its user.conf beside it
+    as NN-QPS.conf), started by `command(user_conf, log_dir)`, judged by LoadGen's result_validity."""
+
+    conf_text: str  # the scenario's user.conf
+    loadgen_model: str
+    folder: Path
+    command: Callable[[Path, Path], list[str]]
+    limits_ms: tuple[float, float] | None = None  # other targets than the benchmark's (trial_conf)
+    log: Callable[[str], None] = print
+
+    def conf(self, qps: float) -> str:
+        return trial_conf(self.conf_text, self.loadgen_model, qps, self.limits_ms)
+
+    def seconds(self, qps: float) -> float:
+        return run_seconds(self.conf(qps), self.loadgen_model, qps)
+
+    def __call__(self, qps: float) -> Trial:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        name = f"{len(list(self.folder.glob('*.conf'))) + 1:02d}-{qps:.3f}qps"
+        conf, logs = self.folder / f"{name}.conf", self.folder / name
+        conf.write_text(self.conf(qps))
+        self.log(f"capacity: trying {qps:.3f} QPS (about {self.seconds(qps) / 60:.1f} min; logs in {logs})")
+        done = subprocess.run(self.command(conf, logs), capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
+            raise CapacityError(f"the run at {qps:.3f} QPS failed: {' '.join(lines or done.stderr.splitlines()[-3:])}")
+        detail, _ = read_detail_log(logs / "mlperf_log_detail.txt")
+        trial = trial_from_detail(qps, detail)
+        self.log(f"capacity: {qps:.3f} QPS: {'pass' if trial.passed else 'FAIL'}: {trial.detail}")
+        return trial

@@ -17,12 +17,22 @@ EDGE = {"edge": (frozenset({"Offline", "SingleStream"}), frozenset())}
 LLAMA3_EOS = frozenset({128001, 128008, 128009})
 
 
-def with_target_qps(conf_text: str, loadgen_model: str, loadgen_scenario: str, value: str) -> str:
-    """A user.conf's text with `loadgen_model.loadgen_scenario.target_qps = value`, replacing the
-    line that sets it or, where none does, appended."""
-    key = re.compile(rf"^\s*{re.escape(loadgen_model)}\.{loadgen_scenario}\.target_qps\s*=.*$", re.MULTILINE)
-    line = f"{loadgen_model}.{loadgen_scenario}.target_qps = {value}"
-    return key.sub(line, conf_text) if key.search(conf_text) else conf_text.rstrip("\n") + "\n" + line + "\n"
+def _conf_key(loadgen_model: str, loadgen_scenario: str, key: str) -> re.Pattern:
+    return re.compile(rf"^\s*{re.escape(loadgen_model)}\.{loadgen_scenario}\.{key}\s*=\s*(\S*).*$", re.MULTILINE)
+
+
+def with_conf_value(conf_text: str, loadgen_model: str, loadgen_scenario: str, key: str, value: str) -> str:
+    """A user.conf's text with `loadgen_model.loadgen_scenario.key = value`, replacing the line that
+    sets it or, where none does, appended."""
+    pattern = _conf_key(loadgen_model, loadgen_scenario, key)
+    line = f"{loadgen_model}.{loadgen_scenario}.{key} = {value}"
+    return pattern.sub(line, conf_text) if pattern.search(conf_text) else conf_text.rstrip("\n") + "\n" + line + "\n"
+
+
+def conf_value(conf_text: str, loadgen_model: str, loadgen_scenario: str, key: str) -> str | None:
+    """The value a user.conf's text sets for `loadgen_model.loadgen_scenario.key`, or None."""
+    found = _conf_key(loadgen_model, loadgen_scenario, key).search(conf_text)
+    return found.group(1) if found else None
 
 
 @dataclass(frozen=True)

@@ -1,44 +1,34 @@
-"""The load calibration (harness/calibrate.py) on a tiny model: LoadGen's Server schedule is one
-sequence scaled by 1/target_qps (what lets the calibration rehearse a run's hardest stretch); the
-worst window is the one with the most prompt tokens; the replay answers every request it issues; a
-feasible scenario gets a rehearsed target, an infeasible one is left out with the floor that rules
-it out; the calibrated user.conf differs from the committed one in target_qps alone; and the
-chain's time estimate."""
+"""The load calibration (harness/calibrate.py): a scenario whose floors rule it out is left out
+naming the floor; otherwise the capacity search's LoadGen runs set the target (RUN_SHARE of the
+highest VALID rate), within the time the chain gives it; end to end on the tiny system, every trial
+is a LoadGen run whose verdict is LoadGen's; the calibrated user.conf differs from the committed one
+in target_qps alone; and the chain's time estimates."""
 
 import json
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-import harness.calibrate
+from compliance.loadgen_logs import read_detail_log
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
 from harness.calibrate import (
-    BURST_SECONDS,
-    MARGIN,
-    PROBE_STEP,
-    PROBES,
-    REPLAYS,
     RUN_SHARE,
-    TTFT_TAIL_SHARE,
-    WINDOW_SECONDS,
-    Probe,
-    calibrate,
+    TRIALS,
+    Calibration,
     calibrated_user_conf,
-    poisson_arrivals,
-    replay,
-    worst_window,
+    find_capacity,
+    measure_floors,
 )
+from harness.capacity import LoadGenTrials, Trial
 from harness.config import check_user_conf
 from sut import LLMEngine, SamplingParams
 from systems.schema import REPO
 from tests.helpers import random_prompts
 
 PARAMS = SamplingParams(max_tokens=12, min_tokens=1)
-SERVER_CONF = (
-    "llama3_1-8b.Server.target_qps = 1\nllama3_1-8b.Server.min_query_count = 50\n"
-    "llama3_1-8b.Server.performance_sample_count_override = 20\nllama3_1-8b.Server.min_duration = 0\n"
-)
+SERVER_CONF = "llama3_1-8b.Server.target_qps = 1\nllama3_1-8b.Server.min_query_count = 460\n"
 
 
 @pytest.fixture(scope="module")
@@ -46,109 +36,76 @@ def engine(tiny_llama):
     return LLMEngine(tiny_llama[0], num_kv_blocks=512, max_num_batched_tokens=256)
 
 
-def schedule_at(tmp_path, qps: float) -> list:
-    """loadgen_schedule in a process of its own, with SCHEDULE_QPS set to `qps`."""
-    conf = tmp_path / "user.conf"
-    conf.write_text(SERVER_CONF)
-    code = (
-        f"import json, harness.calibrate as c; c.SCHEDULE_QPS = {qps!r}; "
-        f"print(json.dumps(c.loadgen_schedule({str(conf)!r}, 'llama3_1-8b', 20)))"
-    )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def test_loadgens_schedule_scales_with_the_rate(tmp_path):
-    fast, slow = schedule_at(tmp_path, 2000.0), schedule_at(tmp_path, 500.0)
-    assert len(fast) == len(slow) == 50 and fast[0][0] == 0
-    assert [i for _, i in fast] == [i for _, i in slow] and all(0 <= i < 20 for _, i in fast)
-    assert [t for t, _ in fast] == sorted(t for t, _ in fast)
-    gaps = [b[0] - a[0] for a, b in zip(fast, fast[1:])]
-    assert 0.5 < sum(gaps) / len(gaps) < 2  # about one arrival per second at 1 QPS
-    for (t_fast, _), (t_slow, _) in zip(fast, slow):
-        assert t_fast == pytest.approx(t_slow, abs=0.01)  # the same times at 1 QPS
-
-
-def test_worst_window_holds_the_densest_burst():
-    prompts = [[1] * 10, [1] * 100]
-    schedule = [(float(t), 0) for t in range(0, 200, 5)] + [(120.0 + k * 0.5, 1) for k in range(6)]
-    schedule.sort()
-    window = worst_window(schedule, prompts, qps=1.0)
-    burst = [t for t, i in window if i == 1]
-    assert len(burst) == 6 and burst[0] == pytest.approx(WINDOW_SECONDS[0])
-    assert window[0][0] >= 0 and window[-1][0] <= sum(WINDOW_SECONDS) + 1e-9
-    assert worst_window(schedule, prompts, qps=2.0)[0][0] >= 0  # the same arrivals, twice as fast
-    assert BURST_SECONDS < WINDOW_SECONDS[1]
-
-
-def test_replay_answers_every_arrival(engine):
-    arrivals = poisson_arrivals(20, 1.0, 4)
-    probe = replay(engine, random_prompts([20, 40, 10, 30]), PARAMS, 20, arrivals, 1.0)
-    assert probe.requests == len(arrivals) > 5 and probe.completed == probe.requests
-    assert 0 < probe.busy_share < 1 and 0 < probe.p99_ttft_ms <= probe.max_ttft_ms
-    assert 0 < probe.p99_tpot_ms <= probe.max_tpot_ms
+def test_a_scenario_below_its_floors_is_left_out_with_the_reason(engine):
+    cal = measure_floors(engine, random_prompts([20, 40]), PARAMS, "Interactive", 0.01, 30)
+    assert cal.target_qps is None and "the longest prompt alone takes" in cal.reason and "0 ms limit" in cal.reason
+    assert cal.summary().startswith("Interactive: left out:")
+    cal = measure_floors(engine, random_prompts([20, 40]), PARAMS, "Server", 20000, 1000)
+    assert not cal.reason and cal.ttft_floor_ms > 0 and cal.tpot_floor_ms > 0
     assert not engine.has_unfinished()
 
 
-def test_a_feasible_scenario_gets_a_rehearsed_target(engine):
-    """On the real engine, with limits a loaded machine's slow steps still meet (the tiny model's
-    first tokens take milliseconds): the rate that passed every replay, and the run's share of it."""
-    schedule = poisson_arrivals(1.0, 400, 4, seed=3)
-    cal = calibrate(
-        engine,
-        random_prompts([20, 40, 10, 30]),
-        PARAMS,
-        "Server",
-        20000,
-        1000,
-        schedule,
-        probe_seconds=1.0,
-        log=lambda _line: None,
+class KnownCapacity(LoadGenTrials):
+    """Trials whose verdict is known (a rate passes up to `capacity`), without LoadGen; each moves
+    `clock` (what the calibration reads for the time spent) by the time its run would take."""
+
+    def __init__(self, capacity: float, clock: list[float] | None = None):
+        super().__init__(SERVER_CONF, "llama3_1-8b", REPO / "unused", lambda conf, logs: [], log=lambda line: None)
+        self.capacity, self.clock = capacity, clock if clock is not None else [0.0]
+
+    def __call__(self, qps: float) -> Trial:
+        self.clock[0] += self.seconds(qps)
+        return Trial(qps, qps <= self.capacity, "known")
+
+
+def test_the_runs_take_their_share_of_the_capacity_found():
+    cal = Calibration("Server", 2000, 100, 50.0, 10.0)
+    find_capacity(cal, KnownCapacity(3.0), 1.0, None, 100)
+    assert cal.capacity_qps <= 3.0 < cal.failed_qps and cal.target_qps == RUN_SHARE * cal.capacity_qps
+    assert len(cal.trials) <= TRIALS and cal.trials[0] == {"qps": 1.0, "passed": True, "detail": "known"}
+    assert (
+        f"target_qps {cal.target_qps:.3f}" in cal.summary() and f"capacity {cal.capacity_qps:.3f} QPS" in cal.summary()
     )
-    assert cal.ttft_floor_ms > 0 and cal.tpot_floor_ms > 0
-    assert cal.target_qps == RUN_SHARE * cal.passed_qps and cal.capacity_qps > cal.passed_qps
-    passed = cal.probes[-REPLAYS:]  # the first rate whose every replay met the limits
-    assert all(p.qps == cal.passed_qps and p.meets(20000, 1000) for p in passed)
-    assert all(p.qps > cal.passed_qps for p in cal.probes[1:-REPLAYS])
-    assert cal.probes[-1].seconds == sum(WINDOW_SECONDS)
-    assert f"target_qps {cal.target_qps:.3f}" in cal.summary()
 
 
-def test_the_rate_steps_down_until_every_replay_of_it_passes(engine, monkeypatch):
-    """The search itself, on replays whose slowest first token grows with the rate (no clock): each
-    rate that fails a replay is replaced by PROBE_STEP of it, the first whose REPLAYS replays all
-    pass is kept, and the runs take RUN_SHARE of it; with no such rate in PROBES tries, the scenario
-    is left out naming the last one."""
-    rehearsed, first = [], []
-
-    def fake_replay(engine, prompts, params, qps, arrivals, seconds):
-        if seconds != sum(WINDOW_SECONDS):  # the capacity probe: busy a quarter of the time
-            first.append(MARGIN * qps / 0.25)  # so the first rate rehearsed
-            return Probe(qps, seconds, 4, 4, 0.25, 10.0, 10.0, 5.0, 5.0)
-        rehearsed.append(qps)
-        slowest = 2000.0 * qps / first[-1]  # 2 s at the first rate, less in proportion below it
-        return Probe(qps, seconds, 4, 4, 0.5, slowest, slowest, 5.0, 5.0)
-
-    monkeypatch.setattr(harness.calibrate, "replay", fake_replay)
-    prompts, schedule = random_prompts([20, 40, 10, 30]), poisson_arrivals(1.0, 400, 4, seed=3)
-    cal = calibrate(engine, prompts, PARAMS, "Server", 2000, 100, schedule, probe_seconds=1.0, log=lambda _line: None)
-    # A rate passes once 2000 ms x (rate / first) < TTFT_TAIL_SHARE x 2000 ms.
-    steps = next(i for i in range(PROBES) if PROBE_STEP**i < TTFT_TAIL_SHARE)
-    assert steps == 3
-    want = [first[-1] * PROBE_STEP**i for i in range(steps)] + [first[-1] * PROBE_STEP**steps] * REPLAYS
-    assert rehearsed == pytest.approx(want)
-    assert cal.passed_qps == pytest.approx(want[-1]) and cal.target_qps == RUN_SHARE * cal.passed_qps
-    rehearsed.clear()
-    cal = calibrate(engine, prompts, PARAMS, "Server", 400, 100, schedule, probe_seconds=1.0, log=lambda _line: None)
-    assert len(rehearsed) == PROBES and cal.target_qps is None and "no rate kept" in cal.reason
+def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("harness.calibrate.time.perf_counter", lambda: clock[0])
+    # 460 queries at 0.1 QPS alone take 77 minutes: no trial fits 10.
+    cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
+    find_capacity(cal, KnownCapacity(0.05, clock), 0.1, 10 * 60, 100)
+    assert cal.target_qps is None and not cal.trials
+    assert "would take" in cal.reason and "min of the 10.0 left" in cal.reason
+    # With time for some: it stops at the first that does not fit, and keeps what passed.
+    cal = Calibration("Server", 2000, 100, 50.0, 10.0)
+    find_capacity(cal, KnownCapacity(100.0, clock), 20.0, 5 * 60, 100)
+    assert cal.capacity_qps is not None and 1 < len(cal.trials) < TRIALS and "would take" in cal.search
+    assert clock[0] <= 5 * 60
 
 
-def test_a_scenario_below_its_floors_is_left_out_with_the_reason(engine):
-    cal = calibrate(engine, random_prompts([20, 40]), PARAMS, "Interactive", 0.01, 30, [], log=lambda _line: None)
-    assert cal.target_qps is None and not cal.probes
-    assert "the longest prompt alone takes" in cal.reason and "0 ms limit" in cal.reason
-    assert cal.summary().startswith("Interactive: left out:")
+def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp_path):
+    """`python -m harness.calibrate` end to end: each trial a LoadGen run (its user.conf and logs in
+    calibration/capacity/), the trials' verdicts LoadGen's, the run's user.conf at the target."""
+    root = tmp_path / "repo"
+    shutil.copytree(chain[0], root, ignore=shutil.ignore_patterns("submission"))
+    command = [sys.executable, "-m", "harness.calibrate", "--system", "tiny", "--scenario", "Server"]
+    done = subprocess.run(
+        [*command, "--start-qps", "100", "--budget-min", "1.5", "--root", str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = root / "build" / "logs" / "tiny" / "llama3.1-8b" / "Server" / "calibration"
+    cal = json.loads((out / "calibration.json").read_text())
+    assert cal["capacity_qps"] >= 100 and cal["target_qps"] == pytest.approx(RUN_SHARE * cal["capacity_qps"])
+    for trial in cal["trials"]:
+        logs = out / "capacity" / f"{cal['trials'].index(trial) + 1:02d}-{trial['qps']:.3f}qps"
+        detail, _ = read_detail_log(logs / "mlperf_log_detail.txt")
+        assert trial["passed"] == (detail["result_validity"] == "VALID")
+        assert detail["effective_target_qps"] == pytest.approx(trial["qps"], rel=1e-3)
+    assert f"llama3_1-8b.Server.target_qps = {cal['target_qps']:.4f}\n" in (out / "user.conf").read_text()
+    assert cal["summary"] in done.stdout
 
 
 def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
@@ -187,3 +144,16 @@ def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_th
     reason = interactive_past_budget(committed, 100, server, (500, 30), elapsed_min=23)
     assert reason.startswith("Interactive: left out:") and "Server's 0.700 QPS" in reason and "16 min" in reason
     assert "longest prompt alone at 325 ms" in reason and "batch 1 at 9.3 ms" in reason and "500 / 30 ms" in reason
+
+
+def test_the_search_starts_from_offlines_rate_or_servers_capacity(tmp_path):
+    from compliance.submission import INTERACTIVE_START_SHARE, START_SHARE, start_qps
+
+    logs = tmp_path / "llama3.1-8b"
+    assert start_qps(logs / "Server", "Server", None) is None  # no Offline run: the committed target_qps
+    (logs / "Offline" / "performance").mkdir(parents=True)
+    entry = {"key": "result_samples_per_second", "value": 8.0, "metadata": {}}
+    (logs / "Offline" / "performance" / "mlperf_log_detail.txt").write_text(f":::MLLOG {json.dumps(entry)}\n")
+    assert start_qps(logs / "Server", "Server", None) == pytest.approx(START_SHARE * 8.0)
+    assert start_qps(logs / "Interactive", "Interactive", {"capacity_qps": 5.5}) == INTERACTIVE_START_SHARE * 5.5
+    assert start_qps(logs / "Interactive", "Interactive", None) is None

@@ -49,3 +49,80 @@ def test_bad_search_settings_are_refused():
     run, _ = runs_of_capacity(1.0)
     with pytest.raises(ValueError, match="start_qps > 0"):
         search_capacity(run, 0.0)
+
+
+# The search on real LoadGen runs: a fake engine of known service time (tests/fake_queue_server.py,
+# one request at a time for SERVICE_S each, first come first served: an M/D/1 queue under LoadGen's
+# Poisson arrivals), TTFT limit TTFT_LIMIT_S, so its capacity at the limit can be computed.
+SERVICE_S, TTFT_LIMIT_S = 0.010, 0.300
+FAKE_CONF = """fake.Server.target_qps = 1
+fake.Server.min_duration = 8000
+fake.Server.min_query_count = 500
+fake.Server.ttft_latency = 300
+fake.Server.tpot_latency = 1000
+fake.Server.use_token_latencies = 1
+"""
+
+
+def md1_capacity(service_s: float, limit_s: float, share_over: float = 0.01, arrivals: int = 400_000) -> float:
+    """The arrival rate at which `share_over` of an M/D/1 queue's sojourn times (wait + service, the
+    fake's TTFT) exceed `limit_s`: Lindley's recursion, wait_n = X_n - min(0, min_k<=n X_k) with X the
+    running sum of (service - gap), over the same unit-rate exponential gaps at every rate tried."""
+    import numpy as np
+
+    gaps = np.random.default_rng(0).exponential(size=arrivals)
+
+    def share(rate: float) -> float:
+        walk = np.cumsum(service_s - gaps / rate)
+        wait = walk - np.minimum(0.0, np.minimum.accumulate(walk))
+        return float(np.mean(wait + service_s > limit_s))
+
+    low, high = 0.1 / service_s, 1.0 / service_s
+    for _ in range(40):
+        mid = (low + high) / 2
+        low, high = (low, mid) if share(mid) > share_over else (mid, high)
+    return low
+
+
+def test_md1_capacity_matches_the_queue_at_light_load():
+    # At a light load no wait exceeds the limit; at the service rate itself the queue never settles.
+    capacity = md1_capacity(SERVICE_S, TTFT_LIMIT_S)
+    assert 0.5 / SERVICE_S < capacity < 1.0 / SERVICE_S
+    # p99 at 1% and 0.2% over: close together (a steep tail), so LoadGen's early stopping (which on
+    # ~900 queries allows a couple over) moves the capacity by a few percent only.
+    assert md1_capacity(SERVICE_S, TTFT_LIMIT_S, 0.002) / capacity > 0.95
+
+
+@pytest.mark.parametrize("start", [40.0, 150.0], ids=["from-below", "from-above"])
+def test_the_search_on_loadgen_runs_finds_a_known_capacity(tmp_path, start):
+    import sys
+    from pathlib import Path
+
+    from compliance.loadgen_logs import read_detail_log
+    from harness.capacity import LoadGenTrials
+
+    server = Path(__file__).with_name("fake_queue_server.py")
+    trials = LoadGenTrials(
+        FAKE_CONF,
+        "fake",
+        tmp_path,
+        lambda conf, logs: (
+            [sys.executable, str(server), "--user-conf", str(conf), "--log-dir", str(logs)]
+            + ["--service-ms", str(SERVICE_S * 1000)]
+        ),
+        log=lambda line: None,
+    )
+    found = search_capacity(trials, start, tolerance=0.08, max_runs=8, min_qps=10)
+    capacity = md1_capacity(SERVICE_S, TTFT_LIMIT_S)
+    assert found.passed_qps == pytest.approx(capacity, rel=0.10), found.summary()
+    # Each trial's verdict is LoadGen's own, from its run's detail log; far from the capacity it is
+    # the queue's (below: every first token in time; above: the queue grows without bound).
+    folders = sorted(p for p in tmp_path.iterdir() if p.is_dir())
+    assert len(folders) == len(found.trials)
+    for folder, trial in zip(folders, found.trials):
+        detail, _ = read_detail_log(folder / "mlperf_log_detail.txt")
+        assert trial.passed == (detail["result_validity"] == "VALID")
+        assert detail["effective_target_qps"] == pytest.approx(trial.qps, rel=1e-3)
+        if trial.qps < 0.8 * capacity or trial.qps > 1.2 * capacity:
+            assert trial.passed == (trial.qps < capacity), trial.detail
+    assert any(t.qps > found.passed_qps for t in found.trials if not t.passed)

@@ -345,7 +345,14 @@ def test_packaging_takes_the_runs_user_conf_and_notes_a_left_out_scenario(chain,
     reseal(logs / "Server/performance")  # as if the run had been given that user.conf
     (logs / "Server/calibration").mkdir()
     (logs / "Server/calibration/calibration.json").write_text(
-        json.dumps({"target_qps": 77.5, "summary": "Server: target_qps 77.500 (measured)"})
+        json.dumps(
+            {
+                "target_qps": 77.5,
+                "summary": "Server: target_qps 77.500 (measured)",
+                "trials": [{"qps": 86.1, "passed": True, "detail": "LoadGen VALID: p99 TTFT 9 ms"}],
+                "margin": "the runs take 90%",
+            }
+        )
     )
     (logs / "Interactive/calibration").mkdir(parents=True)
     (logs / "Interactive/calibration/calibration.json").write_text(
@@ -358,12 +365,11 @@ def test_packaging_takes_the_runs_user_conf_and_notes_a_left_out_scenario(chain,
     assert not failures
     server = org / "results/tiny/tiny-llama/Server"
     assert "target_qps = 77.5" in (server / "user.conf").read_text()
-    assert "Server: target_qps 77.500 (measured)" in (server / "README.md").read_text()
+    readme = (server / "README.md").read_text()
+    assert "Server: target_qps 77.500 (measured)" in readme
+    assert "the runs take 90%" in readme and "- 86.100 QPS: LoadGen VALID: p99 TTFT 9 ms\n" in readme
     assert not (org / "results/tiny/tiny-llama/Interactive").exists()
-    assert (
-        "tiny-llama Interactive is left out: Interactive: left out: too slow here"
-        in (org / "documentation/README.md").read_text()
-    )
+    assert "tiny-llama Interactive: left out: too slow here\n" in (org / "documentation/README.md").read_text()
     assert check_tree(copy, demo=True).errors == []
 
 
