@@ -38,6 +38,7 @@ MODES = ("performance", "accuracy", "TEST06")
 LATENCY_SCENARIOS = ("Server", "Interactive")
 DEMO_BUDGET_MIN = 30
 TEST06_QUERIES = 100  # compliance/TEST06.audit.config
+RUN_START_S = 10.0  # a run's process start, model load and warm-up, in the chain's time estimates
 START_SHARE = 0.8  # of Offline's samples/s: Server's first rate in the capacity search
 # Of Server's capacity: Interactive's first rate. Its limits are tighter in both, and its engine
 # settings (a smaller step budget, a lower TPOT target) serve less: at Server's capacity a 2-core
@@ -124,11 +125,16 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
 
 def predicted_minutes(user_conf: str, dataset_size: int) -> float:
     """How long a latency scenario's three runs take at the target_qps of `user_conf` (its text): the
-    performance run's min_query_count, the accuracy run's whole dataset and TEST06's queries, each
-    arriving at that rate."""
+    performance run's min_duration or its min_query_count's arrivals, whichever is longer (the
+    dataset's size where it sets none), the accuracy run's whole dataset and TEST06's queries, each
+    arriving at that rate, and each run's start."""
     qps = float(re.search(r"\.target_qps\s*=\s*([\d.]+)", user_conf).group(1))
     queries = re.search(r"\.min_query_count\s*=\s*(\d+)", user_conf)
-    return (int(queries.group(1)) if queries else dataset_size) / qps / 60 + (dataset_size + TEST06_QUERIES) / qps / 60
+    duration = re.search(r"\.min_duration\s*=\s*(\d+)", user_conf)
+    performance = max(
+        int(duration.group(1)) / 1000 if duration else 0.0, (int(queries.group(1)) if queries else dataset_size) / qps
+    )
+    return (performance + (dataset_size + TEST06_QUERIES) / qps + 3 * RUN_START_S) / 60
 
 
 def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | None:

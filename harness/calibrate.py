@@ -12,7 +12,7 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound; from `--start-qps` (the chain gives a share of Offline's measured samples/s for Server,
-   Server's capacity for Interactive) or the committed target_qps, up or down by GROW, then
+   half of Server's capacity for Interactive) or the committed target_qps, up or down by GROW, then
    bisected to TOLERANCE, at most TRIALS runs, and none that would not fit `--budget-min` with the
    scenario's runs after it.
 3. The runs take RUN_SHARE of the capacity found: run-to-run spread at a fixed rate (the tree's
@@ -39,8 +39,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_dataset
-from compliance.submission import TEST06_QUERIES, harness_command
-from harness.capacity import STARTUP_S, CapacityError, LoadGenTrials, run_seconds, search_capacity
+from compliance.submission import harness_command, predicted_minutes
+from harness.capacity import CapacityError, LoadGenTrials, search_capacity
 from harness.config import HarnessConfigError, RunConfig
 from systems.benchmarks import conf_value, with_conf_value
 from systems.schema import REPO
@@ -154,10 +154,9 @@ def find_capacity(
 
 
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
-    """The scenario's runs at `qps`: performance (the committed user.conf's length), accuracy (every
-    sample once) and TEST06 (TEST06_QUERIES), each with its start."""
-    performance = run_seconds(trials.conf_text, trials.loadgen_model, qps)
-    return performance + (dataset_size + TEST06_QUERIES) / qps + 2 * STARTUP_S
+    """The scenario's three runs at `qps` on its committed user.conf (the chain's estimate)."""
+    conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
+    return 60 * predicted_minutes(conf, dataset_size)
 
 
 def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float) -> str:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compliance.loadgen_logs import read_detail_log
+from compliance.submission import RUN_START_S
 from systems.benchmarks import conf_value, with_conf_value
 
 TRIAL_MIN_DURATION_MS = 60_000
@@ -33,7 +34,6 @@ TRIAL_MIN_QUERIES = 1000  # at most (a rig's user.conf takes mlperf.conf's, far 
 # At least: with fewer, LoadGen's early stopping cannot pass a p99 at all ("would need at least N
 # more queries"), whatever the latencies, and the run says nothing about its rate.
 EARLY_STOPPING_QUERIES = 460
-STARTUP_S = 10.0  # a run's process start, model load and warm-up, for the time a trial takes
 
 
 class CapacityError(RuntimeError):
@@ -144,7 +144,7 @@ def run_seconds(conf_text: str, loadgen_model: str, qps: float) -> float:
     min_duration or its min_query_count's arrivals, whichever is longer, and its start."""
     duration_ms = int(conf_value(conf_text, loadgen_model, "Server", "min_duration") or TRIAL_MIN_DURATION_MS)
     queries = int(conf_value(conf_text, loadgen_model, "Server", "min_query_count") or TRIAL_MIN_QUERIES)
-    return max(duration_ms / 1000, queries / qps) + STARTUP_S
+    return max(duration_ms / 1000, queries / qps) + RUN_START_S
 
 
 def trial_from_detail(qps: float, detail: dict) -> Trial:

@@ -125,13 +125,16 @@ def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
 
 
 def test_predicted_minutes_of_a_latency_scenario(tmp_path):
-    conf = tmp_path / "user.conf"
-    conf.write_text("llama3_1-8b.Server.target_qps = 0.5\nllama3_1-8b.Server.min_query_count = 460\n")
-    assert predicted_minutes(conf.read_text(), 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60)  # 25.3 min
-    assert past_budget(conf.read_text(), 200, elapsed_min=4) is None
-    assert past_budget(conf.read_text(), 200, elapsed_min=5).startswith(
-        "its runs would take 25 min, past the demo's 30-min"
-    )
+    from compliance.submission import RUN_START_S
+
+    conf = "llama3_1-8b.Server.target_qps = 0.5\nllama3_1-8b.Server.min_query_count = 460\n"
+    # 460 + 200 + 100 queries at 0.5 QPS, and three runs' starts: 25.8 min
+    assert predicted_minutes(conf, 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60 + 3 * RUN_START_S / 60)
+    assert past_budget(conf, 200, elapsed_min=4) is None
+    assert past_budget(conf, 200, elapsed_min=5).startswith("its runs would take 26 min, past the demo's 30-min")
+    # A min_duration longer than the queries' arrivals sets the performance run's length.
+    longer = conf.replace("target_qps = 0.5", "target_qps = 50") + "llama3_1-8b.Server.min_duration = 60000\n"
+    assert predicted_minutes(longer, 200) == pytest.approx((60 + 300 / 50 + 3 * RUN_START_S) / 60)
 
 
 def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_the_budget():
