@@ -32,6 +32,7 @@ target_qps replaced; and each trial's run under capacity/), which `python -m har
 import argparse
 import dataclasses
 import json
+import shutil
 import statistics
 import sys
 import time
@@ -196,6 +197,7 @@ def main() -> None:
     out = cfg.log_dir.parent / "calibration"
     out.mkdir(parents=True, exist_ok=True)
     loadgen_model = cfg.benchmark.loadgen_name(args.scenario)
+    shutil.rmtree(out / "capacity", ignore_errors=True)  # an earlier search's trials are not this one's
     if not cal.reason:
         committed = cfg.user_conf.read_text()
         trials = LoadGenTrials(

@@ -12,11 +12,11 @@ what a queue does: a rate above one that fails fails too.
 whose verdict is LoadGen's own `result_validity`. A trial is the scenario's user.conf with only
 `target_qps` changed and its run shortened where that is sound: min_duration at most
 TRIAL_MIN_DURATION_MS and min_query_count at most TRIAL_MIN_QUERIES, but never under
-EARLY_STOPPING_QUERIES, early stopping's minimum for a p99. Fewer queries make early stopping stricter, not
-looser: with n queries it allows fewer over the limit in proportion, so a rate that passes a trial
-meets the p99 with at least the confidence the full run needs; what a shorter run can miss is a
-queue that builds over minutes, which is why the runs then take a margin below the rate found
-(compliance/submission.py).
+EARLY_STOPPING_QUERIES, early stopping's minimum for a p99. Fewer queries make early stopping
+stricter, not looser: with n queries it allows fewer over the limit in proportion, so a rate that
+passes a trial meets the p99 with at least the confidence the full run needs; what a shorter run
+can miss is a queue that builds over minutes, one reason the runs then take a margin below the
+rate found (harness/calibrate.py's RUN_SHARE).
 """
 
 import math

@@ -88,6 +88,9 @@ def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp
     calibration/capacity/), the trials' verdicts LoadGen's, the run's user.conf at the target."""
     root = tmp_path / "repo"
     shutil.copytree(chain[0], root, ignore=shutil.ignore_patterns("submission"))
+    stale = root / "build/logs/tiny/llama3.1-8b/Server/calibration/capacity/01-9.000qps.conf"
+    stale.parent.mkdir(parents=True)
+    stale.write_text("an earlier search's trial\n")
     command = [sys.executable, "-m", "harness.calibrate", "--system", "tiny", "--scenario", "Server"]
     done = subprocess.run(
         [*command, "--start-qps", "100", "--budget-min", "1.5", "--root", str(root)],
@@ -106,6 +109,7 @@ def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp
         assert detail["effective_target_qps"] == pytest.approx(trial["qps"], rel=1e-3)
     assert f"llama3_1-8b.Server.target_qps = {cal['target_qps']:.4f}\n" in (out / "user.conf").read_text()
     assert cal["summary"] in done.stdout
+    assert len(list((out / "capacity").glob("*.conf"))) == len(cal["trials"])  # the earlier search's are gone
 
 
 def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
