@@ -123,18 +123,25 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
     return ["--user-conf", str(calibration / "user.conf")]
 
 
-def predicted_minutes(user_conf: str, dataset_size: int) -> float:
-    """How long a latency scenario's three runs take at the target_qps of `user_conf` (its text): the
-    performance run's min_duration or its min_query_count's arrivals, whichever is longer (the
-    dataset's size where it sets none), the accuracy run's whole dataset and TEST06's queries, each
-    arriving at that rate, and each run's start."""
+def performance_seconds(user_conf: str, default_queries: int) -> float:
+    """How long a latency scenario's performance run of `user_conf` (its text) takes at its
+    target_qps when the rate is met: its min_duration or its min_query_count's arrivals
+    (`default_queries` where it sets none), whichever is longer, and its start."""
     qps = float(re.search(r"\.target_qps\s*=\s*([\d.]+)", user_conf).group(1))
     queries = re.search(r"\.min_query_count\s*=\s*(\d+)", user_conf)
     duration = re.search(r"\.min_duration\s*=\s*(\d+)", user_conf)
-    performance = max(
-        int(duration.group(1)) / 1000 if duration else 0.0, (int(queries.group(1)) if queries else dataset_size) / qps
-    )
-    return (performance + (dataset_size + TEST06_QUERIES) / qps + 3 * RUN_START_S) / 60
+    arrivals = (int(queries.group(1)) if queries else default_queries) / qps
+    return max(int(duration.group(1)) / 1000 if duration else 0.0, arrivals) + RUN_START_S
+
+
+def predicted_minutes(user_conf: str, dataset_size: int) -> float:
+    """How long a latency scenario's three runs take at the target_qps of `user_conf` (its text): the
+    performance run (`performance_seconds`, the dataset's size of queries where it sets none), the
+    accuracy run's whole dataset and TEST06's queries, each arriving at that rate, and each run's
+    start."""
+    qps = float(re.search(r"\.target_qps\s*=\s*([\d.]+)", user_conf).group(1))
+    performance = performance_seconds(user_conf, dataset_size)
+    return (performance + (dataset_size + TEST06_QUERIES) / qps + 2 * RUN_START_S) / 60
 
 
 def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | None:

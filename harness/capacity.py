@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import RUN_START_S
+from compliance.submission import performance_seconds
 from systems.benchmarks import conf_value, with_conf_value
 
 TRIAL_MIN_DURATION_MS = 60_000
@@ -139,14 +139,6 @@ def trial_conf(conf_text: str, loadgen_model: str, qps: float, limits_ms: tuple[
     return text
 
 
-def run_seconds(conf_text: str, loadgen_model: str, qps: float) -> float:
-    """How long a Server run of this user.conf takes at `qps` when the rate is met: its
-    min_duration or its min_query_count's arrivals, whichever is longer, and its start."""
-    duration_ms = int(conf_value(conf_text, loadgen_model, "Server", "min_duration") or TRIAL_MIN_DURATION_MS)
-    queries = int(conf_value(conf_text, loadgen_model, "Server", "min_query_count") or TRIAL_MIN_QUERIES)
-    return max(duration_ms / 1000, queries / qps) + RUN_START_S
-
-
 def trial_from_detail(qps: float, detail: dict) -> Trial:
     """LoadGen's verdict on a run, and what it measured, as a Trial."""
     verdict = detail.get("result_validity", "INVALID")
@@ -186,7 +178,7 @@ class LoadGenTrials:
         return trial_conf(self.conf_text, self.loadgen_model, qps, self.limits_ms)
 
     def seconds(self, qps: float) -> float:
-        return run_seconds(self.conf(qps), self.loadgen_model, qps)
+        return performance_seconds(self.conf(qps), TRIAL_MIN_QUERIES)  # trial_conf sets both lengths
 
     def __call__(self, qps: float) -> Trial:
         self.folder.mkdir(parents=True, exist_ok=True)
