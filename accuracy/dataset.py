@@ -21,6 +21,9 @@ class Dataset:
     path: Path
     input_ids: list[list[int]]  # QSL index -> prompt token ids
     references: list[str]  # QSL index -> reference output text
+    # QSL index -> the response's length to generate (a user's traffic sample that gives lengths,
+    # harness/traffic.py); None where the benchmark's generation settings decide, as for every benchmark
+    output_tokens: list[int | None] | None = None
 
     def __len__(self):
         return len(self.input_ids)
@@ -68,7 +71,7 @@ def _json_records(path: Path) -> list:
 
 
 def _checked(path: Path, records: list) -> Dataset:
-    input_ids, references = [], []
+    input_ids, references, lengths = [], [], []
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise DatasetError(f"{path}: sample {i} is not an object")
@@ -80,6 +83,10 @@ def _checked(path: Path, records: list) -> Dataset:
             raise DatasetError(f"{path}: sample {i} field 'tok_input' must be a non-empty list of token ids")
         if not isinstance(record["output"], str):
             raise DatasetError(f"{path}: sample {i} field 'output' must be a string")
+        length = record.get("output_tokens")
+        if length is not None and (type(length) is not int or length < 1):
+            raise DatasetError(f"{path}: sample {i} field 'output_tokens' must be a positive integer")
         input_ids.append(ids)
         references.append(record["output"])
-    return Dataset(path, input_ids, references)
+        lengths.append(length)
+    return Dataset(path, input_ids, references, lengths if any(n is not None for n in lengths) else None)

@@ -65,6 +65,12 @@ def main() -> None:
     )
     run_parser.add_argument("--log-dir", type=Path, help="the run's logs here instead of under build/logs/")
     run_parser.add_argument(
+        "--dataset",
+        type=Path,
+        help="samples from this file (the benchmark's dataset format) in place of the system's: a user's "
+        "traffic (python -m harness.report --traffic converts it); never for a submission",
+    )
+    run_parser.add_argument(
         "--no-warmup", action="store_true", help="start LoadGen without the engine's warm-up (to measure what it saves)"
     )
     run_parser.add_argument(
@@ -92,6 +98,8 @@ def main() -> None:
             args.system, args.benchmark, args.scenario, args.mode, args.root, args.user_conf, engine, args.log_dir
         )
         cfg.warmup, cfg.log_responses = not args.no_warmup, args.log_responses
+        if args.dataset is not None:
+            cfg.system.datasets[args.benchmark] = args.dataset
         print(run(cfg))
     except RunFailed as e:
         print(e.summary)

@@ -1,72 +1,79 @@
 """The measurement report's runs: one engine configuration after another on the same model and
-samples, each building on the last, then a load sweep, every one a LoadGen Server run through
-`python -m harness run` (one LoadGen run per process).
+samples, each building on the last, every one measured the same way:
 
 1. static batching, as the MLPerf reference SUTs batch (sut/engine/scheduler.py says what is emulated);
 2. continuous batching on the paged KV cache, whole prompts;
 3. chunked prefill, with the system's TPOT guard where it has one: the system's own batching;
 4. each speculative proposer of the system's `report.proposers`, on 3;
-5. each numerics option of `report.numerics` (an engine setting turned on), cumulatively on 3;
-and the system's own Server settings at several arrival rates (`report.sweep`, multiples of
-`report.target_qps`), past the knee included. Configurations 1-4 run with every numerics option
-off, so that only 5 can move quality; a system that speculates in its own settings has that
-taken out of 1-3 and 5.
+5. each numerics option of `report.numerics` (an engine setting turned on), cumulatively on 3.
+Configurations 1-4 run with every numerics option off, so that only 5 can move quality; a system
+that speculates in its own settings has that taken out of 1-3 and 5.
 
-Every run issues the same `report.samples` samples once each (LoadGen's equal-issue mode with as
-many queries as samples; the schedule and sample seeds are mlperf.conf's), and logs every response
-(`harness run --log-responses`), so one run gives both its latencies and its quality.
+Each configuration gets, in its folder under the runs folder:
+- `offline/`: a LoadGen Offline run of `report.samples` samples, each once: its throughput at
+  saturation, and its responses for the quality figures (the whole demo set on the CPU demo);
+- `server/`: the capacity search (harness/capacity.py) at the latency targets, from START_SHARE of
+  the Offline run's samples/s, LoadGen Server runs of `trial_queries(rate)` queries each (each a
+  different sample), judged by LoadGen's p99 check; a failed trial hints the next rate down by its
+  goodput. Every response is logged (`harness run --log-responses`), so each trial gives its
+  goodput and cost as well as its latencies;
+- `capacity.json`: the search's account.
+The searches share `report.budget_min`: each configuration gets an equal share of what is left
+when it starts, and a trial that would end past its share is not run (the search says so).
 """
 
 import json
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from accuracy.dataset import load_dataset
+from compliance.loadgen_logs import read_detail_log
 from compliance.submission import harness_command
+from harness.capacity import CapacitySearch, LoadGenTrials, Trial, search_capacity
 from harness.config import HarnessConfigError, RunConfig
+from harness.run_logs import read_run
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, expand_path
 
 PLAN = "ablation.json"  # in the runs folder: the configurations in order (harness/report.py reads it)
+TRAFFIC = "traffic.json"  # in the runs folder: a user's traffic as a dataset file (harness/traffic.py)
+PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/roofline.py)
 SCENARIO = "Server"
 GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
-DEFAULTS = {"samples": 40, "target_qps": 0.5, "sweep": [0.5, 1, 2, 4], "proposers": [], "numerics": []}
+DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 5, "proposers": [], "numerics": []}
+START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
+GROW, TOLERANCE = 1.25, 0.1
+TRIAL_SECONDS = 40  # a trial's arrivals last about this long ...
+MIN_TRIAL_QUERIES = 40  # ... but it has at least this many queries (and at most report.samples)
 
 
 @dataclass
 class Config:
-    folder: str  # its run's folder, under the runs folder
+    folder: str  # its runs' folder, under the runs folder
     label: str
     change: str  # what it changes against `builds_on`, in words
     builds_on: str | None
-    kind: str  # "ablation" or "sweep"
-    target_qps: float
-    engine: dict  # every engine setting of the run (over the system's)
-    in_sweep: bool = (
-        False  # a point of the load sweep (the sweep's own runs, and the ablation's run of the system's settings)
-    )
+    engine: dict  # every engine setting of its runs (over the system's)
 
 
 PRICES = ("price_per_hour", "price_per_accelerator_hour", "price_note")
 
 
 def report_settings(system: System, benchmark: str) -> dict:
-    """The system file's `saaf_harness.report` over DEFAULTS, for `benchmark`: `target_qps` may be one
-    number or one per benchmark; a `price_per_accelerator_hour` becomes the machine's `price_per_hour`
-    (times the description's accelerators_per_node and number_of_nodes)."""
+    """The system file's `saaf_harness.report` over DEFAULTS, for `benchmark`: a
+    `price_per_accelerator_hour` becomes the machine's `price_per_hour` (times the description's
+    accelerators_per_node and number_of_nodes)."""
     settings = {**DEFAULTS, **system.report}
     where = f"{system.path}: saaf_harness.report"
     unknown = sorted(set(settings) - set(DEFAULTS) - set(PRICES))
     if unknown:
         raise HarnessConfigError(f"{where} has unknown keys {unknown}; known: {sorted([*DEFAULTS, *PRICES])}")
-    if not isinstance(settings["samples"], int) or settings["samples"] < 1:
-        raise HarnessConfigError(f"{where}.samples must be a positive integer")
-    if isinstance(settings["target_qps"], dict):
-        if benchmark not in settings["target_qps"]:
-            raise HarnessConfigError(f"{where}.target_qps names no rate for {benchmark}")
-        settings["target_qps"] = settings["target_qps"][benchmark]
+    for key in ("samples", "max_trials"):
+        if isinstance(settings[key], bool) or not isinstance(settings[key], int) or settings[key] < 1:
+            raise HarnessConfigError(f"{where}.{key} must be a positive integer, got {settings[key]!r}")
     if "price_per_accelerator_hour" in settings:
         if "price_per_hour" in settings:
             raise HarnessConfigError(
@@ -80,7 +87,7 @@ def report_settings(system: System, benchmark: str) -> dict:
                 f"{where}.price_per_accelerator_hour needs the description's accelerators_per_node ({e!r})"
             ) from None
         settings["price_per_hour"] = settings.pop("price_per_accelerator_hour") * accelerators
-    for key in ("target_qps", "price_per_hour"):
+    for key in ("budget_min", "price_per_hour"):
         value = settings.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise HarnessConfigError(f"{where}.{key} must be a positive number, got {value!r}")
@@ -111,7 +118,6 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
         "max_model_len": longest,
         "max_num_batched_tokens": max(own.get("max_num_batched_tokens", 2048), longest),
     }
-    rate = report["target_qps"]
     seqs = own.get("max_num_seqs", 64)
     guard = f", the TPOT guard at {own['tpot_target_ms']} ms" if own.get("tpot_target_ms") else ""
     configs = [
@@ -120,8 +126,6 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
             "static batching",
             f"batches of up to {seqs} whole prompts, each run until its longest row ends (the MLPerf reference SUT's)",
             None,
-            "ablation",
-            rate,
             {**unguarded, "static_batching": True},
         ),
         Config(
@@ -129,8 +133,6 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
             "continuous batching",
             "requests join and leave the batch at every step (paged KV cache), whole prompts",
             "static batching",
-            "ablation",
-            rate,
             {**unguarded, "enable_chunked_prefill": False},
         ),
         Config(
@@ -138,8 +140,6 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
             "chunked prefill" + (" + TPOT guard" if guard else ""),
             f"prompts cut to the step budget of {exact.get('max_num_batched_tokens', 2048)} tokens{guard}",
             "continuous batching",
-            "ablation",
-            rate,
             exact,
         ),
     ]
@@ -156,8 +156,6 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
                 name,
                 SpeculativeConfig.from_value(proposer).describe(),
                 chunked.label,
-                "ablation",
-                rate,
                 {**exact, "speculative_config": proposer},
             )
         )
@@ -169,38 +167,18 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
                 option["name"],
                 f"engine setting {option['setting']} on",
                 last.label,
-                "ablation",
-                rate,
                 with_setting(last.engine, option["setting"], True),
             )
         )
         last = configs[-1]
-    for multiple in report["sweep"]:
-        qps = multiple * rate
-        if multiple == 1 and last.engine == own:
-            last.in_sweep = True  # the ablation's run of the system's own settings is this point
-            continue
-        configs.append(
-            Config(
-                f"sweep-{qps:.3f}",
-                f"system settings x{multiple:g}",
-                f"{multiple:g}x the arrival rate",
-                None,
-                "sweep",
-                qps,
-                own,
-                in_sweep=True,
-            )
-        )
     return configs
 
 
-def user_conf(loadgen_model: str, qps: float, samples: int) -> str:
-    key = f"{loadgen_model}.{SCENARIO}"
+def offline_conf(loadgen_model: str, samples: int) -> str:
+    key = f"{loadgen_model}.Offline"
     return "\n".join(
         [
-            "# harness.ablation: the report's run, every sample once (harness run --log-responses logs them all)",
-            f"{key}.target_qps = {qps:.4f}",
+            "# harness.ablation: the report's Offline run, every sample once (--log-responses logs them all)",
             f"{key}.min_duration = 0",
             f"{key}.min_query_count = {samples}",
             f"{key}.performance_sample_count_override = {samples}",
@@ -210,56 +188,143 @@ def user_conf(loadgen_model: str, qps: float, samples: int) -> str:
     )
 
 
-def run_configurations(system_name: str, benchmark: str, runs_dir: Path, root: Path = REPO, log=print) -> list[Config]:
-    """Run every configuration (each checked before any starts); return them. Raises
-    HarnessConfigError naming the run whose `harness run` failed, with its error."""
+def trial_queries(qps: float, samples: int) -> int:
+    """A report trial's queries at `qps`: TRIAL_SECONDS of arrivals, within [MIN_TRIAL_QUERIES, samples]."""
+    return min(samples, max(MIN_TRIAL_QUERIES, round(qps * TRIAL_SECONDS)))
+
+
+def run(command: list[str], what: str) -> str:
+    """Run one `harness run`; its last line, or HarnessConfigError naming `what` with its error."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        errors = [line for line in done.stderr.splitlines() if line.startswith("error")] or done.stderr.splitlines()[
+            -3:
+        ]
+        raise HarnessConfigError(f"{what} failed: {' '.join(errors)}")
+    return done.stdout.strip().splitlines()[-1]
+
+
+def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path) -> dict:
+    return {
+        "start_qps": start_qps,
+        "capacity_qps": search.passed_qps,
+        "failed_qps": search.failed_qps,
+        "stopped": search.stopped,
+        "summary": search.summary(),
+        "trials": [t.record(runs_dir) for t in search.trials],
+    }
+
+
+def run_configurations(
+    system_name: str,
+    benchmark: str,
+    runs_dir: Path,
+    root: Path = REPO,
+    log=print,
+    clock: Callable[[], float] = time.monotonic,
+    traffic: Path | None = None,
+) -> list[Config]:
+    """Run every configuration (each checked before any starts): its Offline run, then its capacity
+    search (module doc); return them. With `traffic` (harness/traffic.py), on its requests in place
+    of the benchmark's dataset. Raises HarnessConfigError naming the run that failed."""
     system = System.load(system_name, root)
     report = report_settings(system, benchmark)
-    dataset = load_dataset(system.datasets[benchmark])
-    samples = min(report["samples"], len(dataset))
-    configs = configurations(system, benchmark, max(map(len, dataset.input_ids)))
+    bench = BENCHMARKS[benchmark]
+    targets = bench.latency_limits_ms[SCENARIO]
     runs_dir.mkdir(parents=True, exist_ok=True)
+    plan = {"system": system_name, "benchmark": benchmark, "targets_ms": list(targets)}
+    dataset_args: tuple = ()
+    if traffic is not None:
+        from transformers import AutoTokenizer
+
+        from harness.traffic import TrafficError, convert, mean_interval_s
+
+        try:
+            arrivals = convert(traffic, AutoTokenizer.from_pretrained(system.model_for(benchmark)), runs_dir / TRAFFIC)
+        except TrafficError as e:
+            raise HarnessConfigError(str(e)) from None
+        interval = mean_interval_s(arrivals) if arrivals else None
+        plan["traffic"] = {"file": str(traffic), "mean_interval_s": interval}
+        dataset_args = ("--dataset", runs_dir / TRAFFIC)
+        dataset = load_dataset(runs_dir / TRAFFIC)
+    else:
+        dataset = load_dataset(system.datasets[benchmark])
+    samples = plan["samples"] = min(report["samples"], len(dataset))
+    configs = configurations(system, benchmark, max(map(len, dataset.input_ids)))
+    (runs_dir / "offline.conf").write_text(offline_conf(bench.loadgen_name("Offline"), samples))
     for config in configs:
-        conf = runs_dir / f"{config.folder}.conf"
-        conf.write_text(user_conf(BENCHMARKS[benchmark].loadgen_name(SCENARIO), config.target_qps, samples))
-        RunConfig.resolve(system_name, benchmark, SCENARIO, "performance", root, conf, config.engine)
-    (runs_dir / PLAN).write_text(
-        json.dumps(
-            {
-                "system": system_name,
-                "benchmark": benchmark,
-                "samples": samples,
-                "configs": [asdict(c) for c in configs],
-            },
-            indent=2,
+        RunConfig.resolve(
+            system_name, benchmark, "Offline", "performance", root, runs_dir / "offline.conf", config.engine
         )
-        + "\n"
+    (runs_dir / PLAN).write_text(json.dumps({**plan, "configs": [asdict(c) for c in configs]}, indent=2) + "\n")
+    import torch
+
+    from harness.roofline import measure_peaks
+
+    gpu = torch.cuda.is_available()
+    peaks = measure_peaks("cuda" if gpu else "cpu", torch.bfloat16 if gpu else torch.float32)
+    (runs_dir / PEAKS).write_text(json.dumps(peaks, indent=2) + "\n")
+    log(
+        f"report: measured {peaks['bandwidth_gbps']:.1f} GB/s and {peaks['flops_tflops'] * 1e3:.0f} GFLOP/s "
+        f"({peaks['method']})"
     )
-    start = time.perf_counter()
-    for n, config in enumerate(configs, 1):
+    start = clock()
+    deadline = start + report["budget_min"] * 60
+    for n, config in enumerate(configs):
+        share_ends = clock() + (deadline - clock()) / (len(configs) - n)
+        folder = runs_dir / config.folder
+        engine = ("--engine", json.dumps(config.engine), "--log-responses", *dataset_args)
         log(
-            f"report: [{n}/{len(configs)}] {config.label} at {config.target_qps:.3f} QPS "
-            f"({(time.perf_counter() - start) / 60:.1f} min so far)"
+            f"report: [{n + 1}/{len(configs)}] {config.label}: Offline, {samples} samples "
+            f"({(clock() - start) / 60:.1f} min so far, {(deadline - clock()) / 60:.1f} left of the budget)"
         )
-        command = harness_command(
-            system_name,
-            benchmark,
-            SCENARIO,
-            "performance",
-            root,
-            "--user-conf",
-            str(runs_dir / f"{config.folder}.conf"),
-            "--engine",
-            json.dumps(config.engine),
-            "--log-dir",
-            str(runs_dir / config.folder),
-            "--log-responses",
+        offline = folder / "offline"
+        line = run(
+            harness_command(
+                system_name,
+                benchmark,
+                "Offline",
+                "performance",
+                root,
+                "--user-conf",
+                runs_dir / "offline.conf",
+                *engine,
+                "--log-dir",
+                offline,
+            ),
+            f"{config.label}'s Offline run",
         )
-        done = subprocess.run(command, capture_output=True, text=True)
-        if done.returncode != 0:
-            errors = [
-                line for line in done.stderr.splitlines() if line.startswith("error")
-            ] or done.stderr.splitlines()[-3:]
-            raise HarnessConfigError(f"run {config.folder} ({config.label}) failed: {' '.join(errors)}")
-        log(f"report:   {done.stdout.strip().splitlines()[-1]}")
+        log(f"report:   {line}")
+        samples_per_s = read_detail_log(offline / "mlperf_log_detail.txt")[0]["result_samples_per_second"]
+        trials = LoadGenTrials(
+            "",
+            bench.loadgen_name(SCENARIO),
+            folder / "server",
+            lambda conf, logs: harness_command(
+                system_name, benchmark, SCENARIO, "performance", root, "--user-conf", conf, *engine, "--log-dir", logs
+            ),
+            log=lambda line: log(f"report:   {line}"),
+            queries=lambda qps: trial_queries(qps, samples),
+        )
+
+        def trial(qps: float) -> Trial:
+            result = trials(qps)
+            if not result.passed:  # where its queries met the targets: the next rate down
+                good = read_run(result.logs).goodput(*targets)
+                result.hint_qps = good[1] if good else None
+            return result
+
+        def affordable(qps: float) -> str | None:
+            if clock() + trials.seconds(qps) <= share_ends:
+                return None
+            return (
+                f"a trial at {qps:.3f} QPS (about {trials.seconds(qps) / 60:.1f} min) would end past this "
+                f"configuration's share of the report's {report['budget_min']}-min budget"
+            )
+
+        start_qps = START_SHARE * samples_per_s
+        search = search_capacity(trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable)
+        log(f"report:   {config.label}: {search.summary()}")
+        (folder / "capacity.json").write_text(json.dumps(search_record(search, start_qps, runs_dir), indent=2) + "\n")
+    log(f"report: {len(configs)} configurations in {(clock() - start) / 60:.1f} min")
     return configs

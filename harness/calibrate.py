@@ -145,7 +145,7 @@ def find_capacity(
         )
 
     found = search_capacity(trials, start_qps, TOLERANCE, TRIALS, GROW, affordable=affordable)
-    cal.trials = [asdict(t) for t in found.trials]
+    cal.trials = [t.record(trials.folder) for t in found.trials]
     cal.search = found.summary()
     cal.capacity_qps, cal.failed_qps = found.passed_qps, found.failed_qps
     if found.passed_qps is None:

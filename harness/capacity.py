@@ -17,6 +17,11 @@ stricter, not looser: with n queries it allows fewer over the limit in proportio
 passes a trial meets the p99 with at least the confidence the full run needs; what a shorter run
 can miss is a queue that builds over minutes, one reason the runs then take a margin below the
 rate found (harness/calibrate.py's RUN_SHARE).
+
+The report's trials (harness/ablation.py) are shorter still, to search every configuration in its
+budget: a set number of queries, each a different sample, judged by LoadGen's p99 check alone
+(early stopping cannot pass under EARLY_STOPPING_QUERIES); a failed one hints the rate at which its
+queries met the targets, where the search goes next on its way down (never more than MAX_DROP lower).
 """
 
 import math
@@ -34,6 +39,7 @@ TRIAL_MIN_QUERIES = 1000  # at most (a rig's user.conf takes mlperf.conf's, far 
 # At least: with fewer, LoadGen's early stopping cannot pass a p99 at all ("would need at least N
 # more queries"), whatever the latencies, and the run says nothing about its rate.
 EARLY_STOPPING_QUERIES = 460
+MAX_DROP = 4.0  # the most a failed run's hint lowers the next rate at once
 
 
 class CapacityError(RuntimeError):
@@ -45,6 +51,19 @@ class Trial:
     qps: float
     passed: bool
     detail: str = ""  # what the run measured, for the search's account
+    # Where a failed run says more than "lower": the rate to try next on the way down (the report's
+    # trials give the rate at which their queries met the targets), bounded by search_capacity.
+    hint_qps: float | None = None
+    logs: Path | None = None  # the run's LoadGen logs, where it has them
+
+    def record(self, base: Path | None = None) -> dict:
+        """As JSON: rate, verdict, what it measured, and its logs (relative to `base` where given)."""
+        out = {"qps": self.qps, "passed": self.passed, "detail": self.detail}
+        if self.hint_qps is not None:
+            out["hint_qps"] = self.hint_qps
+        if self.logs is not None:
+            out["logs"] = str(self.logs.relative_to(base) if base else self.logs)
+        return out
 
 
 @dataclass
@@ -95,11 +114,17 @@ def search_capacity(
 
     qps = start_qps
     passed = trial(qps)
-    # Bracket: up while passing, down while failing.
+    # Bracket: up while passing, down while failing (at most MAX_DROP at once where a run hints lower).
     while (
         passed is not None and len(found.trials) < max_runs and (found.passed_qps is None or found.failed_qps is None)
     ):
-        qps = qps * grow if passed else qps / grow
+        hint = found.trials[-1].hint_qps
+        if passed:
+            qps *= grow
+        elif hint is not None:
+            qps = max(min(hint, qps / grow), qps / MAX_DROP)
+        else:
+            qps /= grow
         if qps < min_qps:
             found.stopped = f"the next rate, {qps:.4f} QPS, is under the lowest tried ({min_qps} QPS)"
             break
@@ -123,24 +148,43 @@ def search_capacity(
     return found
 
 
-def trial_conf(conf_text: str, loadgen_model: str, qps: float, limits_ms: tuple[float, float] | None = None) -> str:
+def trial_conf(
+    conf_text: str,
+    loadgen_model: str,
+    qps: float,
+    limits_ms: tuple[float, float] | None = None,
+    queries: int | None = None,
+) -> str:
     """The scenario's user.conf (its text) for a trial at `qps`: target_qps replaced, the run
     shortened (module doc), and where `limits_ms` (TTFT, TPOT) are given, those limits in place of
-    the benchmark's (the report's other targets; never a submission's)."""
+    the benchmark's (the report's other targets; never a submission's). With `queries` (the
+    report's trials), exactly that many, each a different sample (LoadGen's equal issue), and no
+    min_duration."""
     text = with_conf_value(conf_text, loadgen_model, "Server", "target_qps", f"{qps:.4f}")
-    duration = int(conf_value(text, loadgen_model, "Server", "min_duration") or TRIAL_MIN_DURATION_MS)
-    queries = int(conf_value(text, loadgen_model, "Server", "min_query_count") or TRIAL_MIN_QUERIES)
-    text = with_conf_value(text, loadgen_model, "Server", "min_duration", str(min(duration, TRIAL_MIN_DURATION_MS)))
-    queries = max(EARLY_STOPPING_QUERIES, min(queries, TRIAL_MIN_QUERIES))
-    text = with_conf_value(text, loadgen_model, "Server", "min_query_count", str(queries))
+    if queries is not None:
+        for key, value in (
+            ("min_duration", 0),
+            ("min_query_count", queries),
+            ("performance_sample_count_override", queries),
+            ("sample_concatenate_permutation", 1),
+        ):
+            text = with_conf_value(text, loadgen_model, "Server", key, str(value))
+    else:
+        duration = int(conf_value(text, loadgen_model, "Server", "min_duration") or TRIAL_MIN_DURATION_MS)
+        count = int(conf_value(text, loadgen_model, "Server", "min_query_count") or TRIAL_MIN_QUERIES)
+        text = with_conf_value(text, loadgen_model, "Server", "min_duration", str(min(duration, TRIAL_MIN_DURATION_MS)))
+        count = max(EARLY_STOPPING_QUERIES, min(count, TRIAL_MIN_QUERIES))
+        text = with_conf_value(text, loadgen_model, "Server", "min_query_count", str(count))
     if limits_ms is not None:
         text = with_conf_value(text, loadgen_model, "Server", "ttft_latency", f"{limits_ms[0]:g}")
         text = with_conf_value(text, loadgen_model, "Server", "tpot_latency", f"{limits_ms[1]:g}")
     return text
 
 
-def trial_from_detail(qps: float, detail: dict) -> Trial:
-    """LoadGen's verdict on a run, and what it measured, as a Trial."""
+def trial_from_detail(qps: float, detail: dict, percentiles_only: bool = False) -> Trial:
+    """LoadGen's verdict on a run, and what it measured, as a Trial: its result_validity, or with
+    `percentiles_only` (the report's short trials) its check of the p99s against the limits alone
+    (result_perf_constraints_met), early stopping and the run's length aside."""
     verdict = detail.get("result_validity", "INVALID")
     why = []
     if not detail.get("result_perf_constraints_met", True):
@@ -153,10 +197,14 @@ def trial_from_detail(qps: float, detail: dict) -> Trial:
         why.append("under min_duration")
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns", 0) / 1e6
     tpot = detail.get("result_time_per_output_token_99.00_percentile_ns", 0) / 1e6
+    passed = bool(detail.get("result_perf_constraints_met")) if percentiles_only else verdict == "VALID"
+    said = f"p99s {'within' if passed else 'over'} the limits" if percentiles_only else f"LoadGen {verdict}"
+    if not percentiles_only and why:
+        said += f" ({', '.join(why)})"
     return Trial(
         qps,
-        verdict == "VALID",
-        f"LoadGen {verdict}{' (' + ', '.join(why) + ')' if why else ''}: p99 TTFT {ttft:.0f} ms, p99 TPOT "
+        passed,
+        f"{said}: p99 TTFT {ttft:.0f} ms, p99 TPOT "
         f"{tpot:.1f} ms, {detail.get('result_query_count')} queries, "
         f"{detail.get('result_completed_samples_per_sec', 0):.3f} completed/s",
     )
@@ -173,9 +221,12 @@ class LoadGenTrials:
     command: Callable[[Path, Path], list[str]]
     limits_ms: tuple[float, float] | None = None  # other targets than the benchmark's (trial_conf)
     log: Callable[[str], None] = print
+    # The report's trials: this many queries at a rate (trial_conf), judged by the p99s alone.
+    queries: Callable[[float], int] | None = None
 
     def conf(self, qps: float) -> str:
-        return trial_conf(self.conf_text, self.loadgen_model, qps, self.limits_ms)
+        count = self.queries(qps) if self.queries is not None else None
+        return trial_conf(self.conf_text, self.loadgen_model, qps, self.limits_ms, count)
 
     def seconds(self, qps: float) -> float:
         return performance_seconds(self.conf(qps), TRIAL_MIN_QUERIES)  # trial_conf sets both lengths
@@ -191,6 +242,7 @@ class LoadGenTrials:
             lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
             raise CapacityError(f"the run at {qps:.3f} QPS failed: {' '.join(lines or done.stderr.splitlines()[-3:])}")
         detail, _ = read_detail_log(logs / "mlperf_log_detail.txt")
-        trial = trial_from_detail(qps, detail)
+        trial = trial_from_detail(qps, detail, percentiles_only=self.queries is not None)
+        trial.logs = logs
         self.log(f"capacity: {qps:.3f} QPS: {'pass' if trial.passed else 'FAIL'}: {trial.detail}")
         return trial

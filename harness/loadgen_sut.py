@@ -81,7 +81,7 @@ class EngineSUT:
         self,
         engine: EngineClient,
         prompts: list[list[int]],
-        params: SamplingParams,
+        params: SamplingParams | list[SamplingParams],  # one for all, or one per QSL index
         stream_first_token: bool,
         on_complete=None,
         on_fatal=None,
@@ -104,9 +104,8 @@ class EngineSUT:
         for sample in query_samples:
             on_token = self._first_token_reporter(sample.id) if self.stream_first_token else None
             try:
-                self.engine.add_request(
-                    self.prompts[sample.index], self.params, request_id=sample.id, on_token=on_token
-                )
+                params = self.params[sample.index] if isinstance(self.params, list) else self.params
+                self.engine.add_request(self.prompts[sample.index], params, request_id=sample.id, on_token=on_token)
             except Exception as e:  # refused up front: answer at once so LoadGen does not wait
                 self._record_error(f"sample {sample.index}: {e}")
                 _complete(sample.id, [])

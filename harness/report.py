@@ -1,27 +1,44 @@
-"""The measurement report: for each run, TTFT and TPOT at p50 and p99, throughput, goodput, cost per
-million input and output tokens and output quality, beside the conditions it was measured under,
-as one HTML page and the same tables in Markdown (harness/report_page.py).
+"""The measurement report: for each configuration of the ablation (harness/ablation.py), its
+throughput at saturation, its capacity at the latency targets, and at that capacity its latencies,
+goodput and cost per million input and output tokens, each against the static-batching baseline,
+and its output quality; as one HTML page and the same tables in Markdown (harness/report_page.py).
 
     python -m harness.report [--system cpu-demo] [--benchmark llama3.1-8b]   # run the ablation, then the page
     python -m harness.report --logs DIR [DIR ...]                             # the page from existing runs
 
 Where each figure comes from (the page says it too):
-- TTFT and TPOT p50/p99, tokens/s and completed queries/s: LoadGen's detail log, as LoadGen
-  computed them.
+- Offline throughput: LoadGen's tokens/s of an Offline run of every report sample once, the
+  configuration's engine saturated.
+- Capacity: the highest arrival rate (LoadGen's Poisson schedule) at which a Server run of the
+  configuration met both p99 targets, by LoadGen's own p99 check, found by a search (bracket, then
+  bisection; harness/capacity.py); the lowest rate that failed above it is given beside it. A
+  report trial is short (its queries are given) and is not judged by early stopping, which needs
+  460 queries or more: `make submission`'s search is, and its capacity is the one MLPerf scores.
+- TTFT and TPOT p50/p99, tokens/s and completed queries/s: LoadGen's detail log of the run at the
+  capacity, as LoadGen computed them.
 - Goodput (DistServe's definition): the queries that met both the TTFT and the TPOT target, per
   second of the run (the run's length as LoadGen's completed-queries rate implies it). Each query's
   TTFT and end-to-end latency come from LoadGen's trace, its token count from the accuracy log, its
   TPOT as LoadGen computes it: (latency - TTFT) / (tokens - 1); a one-token response meets any TPOT
   target. Targets: the benchmark's Server limits unless given.
-- Cost: price per hour x the run's length, split between input and output tokens in the shares of
-  the engine's busy time spent on prefill and on decode (Scheduler.record_step: a step with both
-  gives its decodes what a decode-only step costs at the time, its prefill the rest); idle time is
-  split in the same shares. Per million input tokens: cost x prefill share / input tokens x 1e6;
-  per million output tokens: cost x decode share / output tokens x 1e6.
-- Quality: the benchmark's accuracy metrics (ROUGE for the summarization ones) of the run's own
-  responses, first response per sample, against the same samples' references; the change against
-  the first run; its target 99% of the first run's score on those samples (the benchmark's rule,
-  applied to this set of samples).
+- Cost at the capacity: the price per hour over the tokens per hour the run served within the
+  targets (the input and output tokens of the queries that met both), split between input and
+  output in the shares of the engine's busy time spent on prefill and on decode
+  (Scheduler.record_step: a step with both gives its decodes what a decode-only step costs at the
+  time, its prefill the rest): per million input tokens, price x run length x prefill share / input
+  tokens within the targets x 1e6; per million output tokens, the same with the decode share.
+- Cost against the TPOT target: for each TPOT target, the highest trial rate of the search whose
+  p99 TTFT and TPOT met the targets, and its cost per million output tokens within those targets
+  (a looser target lets a larger batch through: more tokens per hour, each one slower).
+- Ratios: against the static-batching configuration, the MLPerf reference SUTs' batching.
+- The hardware's bound (harness/roofline.py): the least time a run's steps could take, the larger
+  of the bytes they must read (the weights once per step, each attended token's K/V once) over the
+  bandwidth measured here and of their linear FLOPs over the FLOP/s measured here; the engine's busy
+  time against it says how far from the limit a configuration runs.
+- Quality: the benchmark's accuracy metrics (ROUGE for the summarization ones) of the Offline
+  run's responses, every report sample once, against their references; the change against the
+  first configuration; its target 99% of the first configuration's score on those samples (the
+  benchmark's rule, applied to this set of samples).
 """
 
 import argparse
@@ -32,172 +49,220 @@ from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_dataset
 from accuracy.report import summarization_accuracy
-from harness.ablation import PLAN, report_settings, run_configurations
+from harness.ablation import PEAKS, PLAN, SCENARIO, report_settings, run_configurations
 from harness.config import HarnessConfigError
 from harness.report_page import write_page
-from harness.run_logs import DETAIL_LOG, RunLogError, RunLogs, read_run
+from harness.roofline import bound
+from harness.run_logs import DETAIL_LOG, RunLogError, RunLogs, meets, read_run
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
 
 QUALITY_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 QUALITY_TARGET = 0.99
+TPOT_TARGETS_MS = (25, 50, 75, 100, 150, 200)  # the cost-against-target plot's, with the benchmark's own
 
 
 @dataclass
 class Figures:
-    """One run's numbers on the page."""
+    """One LoadGen run's numbers on the page."""
 
     label: str
     folder: str
-    kind: str  # "ablation", "sweep", or "run" (a folder given with --logs)
-    change: str
-    builds_on: str | None
+    scenario: str
     target_qps: float | None
-    queries: int
-    ttft_p50_ms: float | None
-    ttft_p99_ms: float | None
-    tpot_p50_ms: float | None
-    tpot_p99_ms: float | None
-    tokens_per_s: float | None  # None in accuracy mode (LoadGen computes no rates there)
-    completed_qps: float | None
-    duration_s: float | None
+    queries: int  # Offline: samples
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    tokens_per_s: float | None = None  # None in accuracy mode (LoadGen computes no rates there)
+    completed_qps: float | None = None  # Server: completed queries/s; Offline: samples/s
+    duration_s: float | None = None
+    validity: str | None = None  # LoadGen's
+    p99s_met: bool | None = None  # LoadGen's check of the p99s against the limits (Server)
     goodput_qps: float | None = None
     good_queries: int | None = None
-    input_tokens: int | None = None
+    input_tokens: int | None = None  # of the queries within the targets
     output_tokens: int | None = None
     prefill_share: float | None = None
     cost_per_m_input: float | None = None
     cost_per_m_output: float | None = None
-    in_sweep: bool = False  # a point of the load sweep (harness/ablation.py)
     quality: dict = field(default_factory=dict)  # metric -> score
-    quality_change: dict = field(default_factory=dict)  # metric -> % against the first run
-    meets_quality_target: bool | None = None
+    bound: dict | None = None  # the hardware's bound on its steps (harness/roofline.py)
     ttfts_ms: list = field(default_factory=list)  # per query, for the CDFs
     tpots_ms: list = field(default_factory=list)
 
 
-def goodput(run: RunLogs, ttft_ms: float, tpot_ms: float) -> tuple[int, float] | None:
-    """(queries that met both targets, those per second); None when the token counts or the run's
-    length are unknown."""
-    if not run.queries or run.duration_s is None or any(q.num_tokens is None for q in run.queries):
-        return None
-    good = sum(
-        1 for q in run.queries if q.ttft_ns <= ttft_ms * 1e6 and (q.tpot_ns is None or q.tpot_ns <= tpot_ms * 1e6)
-    )
-    return good, good / run.duration_s
-
-
 def cost_per_million(
     price_per_hour: float, duration_s: float, busy_s: dict, input_tokens: int, output_tokens: int
-) -> tuple[float, float, float]:
-    """(prefill share, cost per million input tokens, per million output tokens)."""
+) -> tuple[float, float | None, float | None]:
+    """(prefill share, cost per million input tokens, per million output tokens) of a run that served
+    these tokens within the targets in `duration_s`; None where it served none."""
     cost = price_per_hour * duration_s / 3600
     busy = busy_s["prefill_s"] + busy_s["decode_s"]
     share = busy_s["prefill_s"] / busy if busy else 0.5
-    return share, cost * share / input_tokens * 1e6, cost * (1 - share) / output_tokens * 1e6
+    per_input = cost * share / input_tokens * 1e6 if input_tokens else None
+    per_output = cost * (1 - share) / output_tokens * 1e6 if output_tokens else None
+    return share, per_input, per_output
 
 
 def figures_for(
     run: RunLogs,
     label: str,
-    kind: str,
     targets: tuple[float, float],
     price: float | None,
     prompts: list[list[int]] | None,
-    change: str = "",
-    builds_on: str | None = None,
-    target_qps: float | None = None,
-    in_sweep: bool = False,
+    peaks: dict | None = None,
 ) -> Figures:
     d = run.detail
+    offline = run.scenario == "Offline"
     fig = Figures(
         label,
-        run.folder.name,
-        kind,
-        change,
-        builds_on,
-        target_qps or d.get("effective_target_qps"),
-        d["result_query_count"],
+        str(run.folder),
+        run.scenario,
+        d.get("effective_target_qps"),
+        # Offline: one query of every sample; its samples counted by their responses where logged
+        len(run.responses) if offline and run.responses else d.get("result_query_count", 0),
         run.percentile_ms("ttft", "50.00"),
         run.percentile_ms("ttft", "99.00"),
         run.percentile_ms("tpot", "50.00"),
         run.percentile_ms("tpot", "99.00"),
-        d.get("result_completed_tokens_per_second"),
-        d.get("result_completed_samples_per_sec"),
+        d.get("result_tokens_per_second" if offline else "result_completed_tokens_per_second"),
+        d.get("result_samples_per_second" if offline else "result_completed_samples_per_sec"),
         run.duration_s,
-        in_sweep=in_sweep,
+        d.get("result_validity"),
+        d.get("result_perf_constraints_met") if not offline else None,
     )
+    if run.record.get("busy_s") and peaks:
+        fig.bound = bound(run.record["busy_s"], peaks)
     fig.ttfts_ms = [q.ttft_ns / 1e6 for q in run.queries]
     fig.tpots_ms = [q.tpot_ns / 1e6 for q in run.queries if q.tpot_ns is not None]
-    good = goodput(run, *targets)
-    if good is not None:
-        fig.good_queries, fig.goodput_qps = good
-        fig.output_tokens = sum(q.num_tokens for q in run.queries)
-        if prompts is not None:
-            fig.input_tokens = sum(len(prompts[q.qsl_idx]) for q in run.queries)
+    good = run.goodput(*targets)
+    if good is None:
+        return fig
+    fig.good_queries, fig.goodput_qps = good
+    within = [q for q in run.queries if meets(q, *targets)]
+    fig.output_tokens = sum(q.num_tokens for q in within)
+    if prompts is not None:
+        fig.input_tokens = sum(len(prompts[q.qsl_idx]) for q in within)
     busy = run.record.get("busy_s")
-    if price is not None and busy and fig.input_tokens and fig.output_tokens:
+    if price is not None and busy and fig.input_tokens is not None:
         fig.prefill_share, fig.cost_per_m_input, fig.cost_per_m_output = cost_per_million(
             price, fig.duration_s, busy, fig.input_tokens, fig.output_tokens
         )
     return fig
 
 
-def quality(run: RunLogs, references: list[str], tokenizer) -> tuple[dict, set[int]]:
-    """The accuracy metrics of the run's responses (the first per sample) and the samples they cover."""
-    responses: dict[int, list[int]] = {}
-    for q in run.queries:
-        if q.tokens is not None:
-            responses.setdefault(q.qsl_idx, q.tokens)
-    if not responses:
-        return {}, set()
-    order = sorted(responses)
-    predictions = tokenizer.batch_decode([responses[i] for i in order], skip_special_tokens=True)
-    result = summarization_accuracy(predictions, [references[i] for i in order], [len(responses[i]) for i in order])
-    return {k: float(result[k]) for k in (*QUALITY_METRICS, "tokens_per_sample")}, set(order)
+def quality(run: RunLogs, references: list[str], tokenizer) -> dict:
+    """The accuracy metrics of the run's responses (the first per sample that has a reference: a
+    traffic sample may give lengths alone)."""
+    order = sorted(i for i in run.responses if references[i])
+    if not order:
+        return {}
+    predictions = tokenizer.batch_decode([run.responses[i] for i in order], skip_special_tokens=True)
+    lengths = [len(run.responses[i]) for i in order]
+    result = summarization_accuracy(predictions, [references[i] for i in order], lengths)
+    return {k: float(result[k]) for k in (*QUALITY_METRICS, "tokens_per_sample")}
 
 
-def add_quality(figs: list[Figures], runs: list[RunLogs], references: list[str], tokenizer) -> list[str]:
-    """Fill each run's quality and its change against the first run; return notes for the page."""
-    notes, base, base_samples = [], None, None
-    for fig, run in zip(figs, runs):
-        fig.quality, samples = quality(run, references, tokenizer)
-        if not fig.quality:
+def cost_by_tpot_target(trials: list[tuple[RunLogs, Figures]], ttft_ms: float, tpot_limit_ms: float, price, prompts):
+    """Per TPOT target (TPOT_TARGETS_MS and the benchmark's): the highest trial rate whose p99 TTFT
+    and TPOT met the targets, and its cost per million output tokens within them."""
+    out = []
+    for target in sorted({*TPOT_TARGETS_MS, tpot_limit_ms}):
+        met = [
+            (fig.target_qps, run)
+            for run, fig in trials
+            if fig.ttft_p99_ms is not None and fig.ttft_p99_ms <= ttft_ms and fig.tpot_p99_ms <= target
+        ]
+        if not met:
+            out.append({"tpot_ms": target, "qps": None, "cost_per_m_output": None})
             continue
-        if base is None:
-            base, base_samples = fig.quality, samples
-        if samples != base_samples:
-            notes.append(f"{fig.label}: its responses cover other samples than the first run's; no change is given")
-            continue
-        fig.quality_change = {k: 100 * (fig.quality[k] - base[k]) / base[k] for k in QUALITY_METRICS if base[k]}
-        fig.meets_quality_target = all(fig.quality[k] >= QUALITY_TARGET * base[k] for k in QUALITY_METRICS)
-    return notes
+        qps, run = max(met, key=lambda m: m[0])
+        fig = figures_for(run, "", (ttft_ms, target), price, prompts)
+        out.append({"tpot_ms": target, "qps": qps, "cost_per_m_output": fig.cost_per_m_output})
+    return out
 
 
-def find_runs(folders: list[Path]) -> list[tuple[Path, dict]]:
-    """Every LoadGen run under `folders` with its plan entry (label, kind, change) where an
-    ablation's plan names it, in plan order, then the rest in path order."""
-    found = []
-    for top in folders:
-        if not top.is_dir():
-            raise RunLogError(f"{top}: not a folder")
-        plan = json.loads((top / PLAN).read_text())["configs"] if (top / PLAN).is_file() else []
-        planned = {c["folder"]: c for c in plan}
-        runs = sorted(p.parent for p in top.rglob(DETAIL_LOG))
-        if not runs:
-            raise RunLogError(f"{top}: no LoadGen run under it (no {DETAIL_LOG})")
-        order = {c["folder"]: i for i, c in enumerate(plan)}
-        runs.sort(key=lambda p: (order.get(p.name, len(order)), str(p)))
-        for path in runs:
-            entry = planned.get(path.name) or {
-                "label": str(path.relative_to(top)) if path != top else path.name,
-                "kind": "run",
-                "change": "",
-                "builds_on": None,
-                "target_qps": None,
+def ratio(value, base) -> float | None:
+    return value / base if value is not None and base else None
+
+
+def verdict(config: dict, builds_on: dict | None) -> str:
+    """The configuration against the one it builds on, in words: capacity first, then quality."""
+    if config["capacity_qps"] is None:
+        return f"LOSES: no rate met the targets ({config['search_summary']})"
+    if builds_on is None:
+        return "the baseline"
+    said = []
+    change = ratio(config["capacity_qps"], builds_on["capacity_qps"])
+    if change is None:
+        said.append(f"wins: a capacity where {builds_on['label']} had none")
+    elif change < 1:
+        said.append(f"LOSES: {change:.2f}x the capacity of {builds_on['label']}")
+    else:
+        said.append(f"wins: {change:.2f}x the capacity of {builds_on['label']}")
+    if config["meets_quality_target"] is False:
+        said.append(f"quality under {QUALITY_TARGET:.0%} of the first configuration's")
+    return "; ".join(said)
+
+
+def configurations(
+    top: Path, plan: dict, runs: dict[Path, RunLogs], targets, price, prompts, references, tokenizer
+) -> list[dict]:
+    """Each configuration of an ablation's plan with its Offline run, its search and its figures."""
+    peaks = json.loads((top / PEAKS).read_text()) if (top / PEAKS).is_file() else None
+    out = []
+    for config in plan["configs"]:
+        folder = top / config["folder"]
+        offline = runs.get(folder / "offline")
+        if offline is None:
+            raise RunLogError(f"{folder}: no Offline run (offline/) for the configuration {config['label']!r}")
+        search = json.loads((folder / "capacity.json").read_text())
+        trials = [(runs[top / t["logs"]], t) for t in search["trials"]]
+        trial_figs = [(run, figures_for(run, config["label"], targets, price, prompts, peaks)) for run, _ in trials]
+        at = next((fig for (_, t), (_, fig) in zip(trials, trial_figs) if t["qps"] == search["capacity_qps"]), None)
+        if at is None and search["capacity_qps"] is not None:
+            raise RunLogError(f"{folder}: capacity.json names {search['capacity_qps']} QPS, but no trial ran at it")
+        off = figures_for(offline, config["label"], targets, price, prompts, peaks)
+        off.quality = quality(offline, references, tokenizer) if tokenizer else {}
+        out.append(
+            {
+                **{k: config[k] for k in ("label", "change", "builds_on", "folder", "engine")},
+                "offline": asdict(off),
+                "capacity_qps": search["capacity_qps"],
+                "failed_qps": search["failed_qps"],
+                "start_qps": search["start_qps"],
+                "search_summary": search["summary"],
+                "at_capacity": asdict(at) if at else None,
+                "trials": [asdict(fig) for _, fig in sorted(trial_figs, key=lambda t: t[1].target_qps)],
+                "cost_by_tpot": cost_by_tpot_target(trial_figs, targets[0], targets[1], price, prompts),
             }
-            found.append((path, entry))
-    return found
+        )
+    base = out[0] if out else None
+    for c in out:
+        c["quality"] = c["offline"]["quality"]
+        c["quality_change"] = {
+            k: 100 * (c["quality"][k] - base["quality"][k]) / base["quality"][k]
+            for k in QUALITY_METRICS
+            if c["quality"] and base["quality"].get(k)
+        }
+        c["meets_quality_target"] = (
+            all(c["quality"][k] >= QUALITY_TARGET * base["quality"][k] for k in QUALITY_METRICS)
+            if c["quality"] and base["quality"]
+            else None
+        )
+        at, base_at = c["at_capacity"] or {}, base["at_capacity"] or {}
+        c["ratios"] = {
+            "offline_tokens_per_s": ratio(c["offline"]["tokens_per_s"], base["offline"]["tokens_per_s"]),
+            "capacity_qps": ratio(c["capacity_qps"], base["capacity_qps"]),
+            "cost_per_m_input": ratio(at.get("cost_per_m_input"), base_at.get("cost_per_m_input")),
+            "cost_per_m_output": ratio(at.get("cost_per_m_output"), base_at.get("cost_per_m_output")),
+        }
+    by_label = {c["label"]: c for c in out}
+    for c in out:
+        c["verdict"] = verdict(c, by_label.get(c["builds_on"]))
+    return out
 
 
 def build(
@@ -209,22 +274,21 @@ def build(
     log=print,
 ) -> dict:
     """Read the runs, compute their figures, write the page and its Markdown; return the report's data."""
-    found = find_runs(folders)
-    runs = [read_run(path) for path, _ in found]
-    latency_runs = [(run, entry) for run, (_, entry) in zip(runs, found) if run.queries]
-    notes = [
-        f"{run.folder}: a LoadGen {run.scenario or 'unknown'}-scenario run, left out (no per-query latencies)"
-        for run in runs
-        if not run.queries
-    ]
-    if not latency_runs:
-        raise RunLogError("no Server-scenario run among " + ", ".join(map(str, folders)) + ": nothing to report")
-    record = next((run.record for run, _ in latency_runs if run.record), {})
+    found = []
+    for top in folders:
+        if not top.is_dir():
+            raise RunLogError(f"{top}: not a folder")
+        paths = sorted(p.parent for p in top.rglob(DETAIL_LOG))
+        if not paths:
+            raise RunLogError(f"{top}: no LoadGen run under it (no {DETAIL_LOG})")
+        found += [(top, path) for path in paths]
+    runs = {path: read_run(path) for _, path in found}
+    record = next((run.record for run in runs.values() if run.record), {})
     benchmark = BENCHMARKS.get(record.get("benchmark", ""))
     if targets is None:
-        if benchmark is None or "Server" not in benchmark.latency_limits_ms:
+        if benchmark is None or SCENARIO not in benchmark.latency_limits_ms:
             raise RunLogError("the runs do not name a benchmark with Server limits: give --ttft-ms and --tpot-ms")
-        targets = benchmark.latency_limits_ms["Server"]
+        targets = tuple(benchmark.latency_limits_ms[SCENARIO])
     price_note = ""
     if price is None and record.get("system"):
         try:
@@ -232,40 +296,39 @@ def build(
             price, price_note = settings.get("price_per_hour"), settings.get("price_note", "")
         except (SystemConfigError, HarnessConfigError):
             pass
-    dataset = None
+    dataset, tokenizer, notes = None, None, []
     if record.get("dataset"):
         try:
             dataset = load_dataset(record["dataset"])
         except DatasetError as e:
             log(f"report: no input token counts or quality: {e}")
-    unlogged = [entry["label"] for run, entry in latency_runs if any(q.num_tokens is None for q in run.queries)]
-    if unlogged:
-        notes.append(
-            f"{', '.join(unlogged)}: LoadGen's accuracy log lacks some responses (a submission's performance "
-            "run logs none; the report's runs log all: harness run --log-responses), so goodput, cost "
-            "and quality are not given"
-        )
-    figs = [
-        figures_for(
-            run,
-            entry["label"],
-            entry["kind"],
-            targets,
-            price,
-            dataset and dataset.input_ids,
-            entry.get("change", ""),
-            entry.get("builds_on"),
-            entry.get("target_qps"),
-            entry.get("in_sweep", False),
-        )
-        for run, entry in latency_runs
-    ]
     if dataset is not None and record.get("model"):
         from transformers import AutoTokenizer
 
-        notes += add_quality(
-            figs, [run for run, _ in latency_runs], dataset.references, AutoTokenizer.from_pretrained(record["model"])
-        )
+        tokenizer = AutoTokenizer.from_pretrained(record["model"])
+    prompts = dataset and dataset.input_ids
+    references = dataset.references if dataset is not None else []
+    configs, traffic, peaks = [], None, None
+    for top in folders:
+        if (top / PLAN).is_file():
+            plan = json.loads((top / PLAN).read_text())
+            configs += configurations(top, plan, runs, targets, price, prompts, references, tokenizer)
+            traffic = plan.get("traffic") or traffic
+        if (top / PEAKS).is_file():
+            peaks = json.loads((top / PEAKS).read_text())
+    figs = []
+    for top, path in found:
+        run = runs[path]
+        fig = figures_for(run, str(path.relative_to(top)) if path != top else path.name, targets, price, prompts, peaks)
+        if run.scenario == SCENARIO and fig.goodput_qps is None:
+            notes.append(
+                f"{fig.label}: LoadGen's accuracy log lacks some responses (a submission's performance run logs "
+                "none; the report's runs log all: harness run --log-responses), so its goodput and cost are not given"
+            )
+        figs.append(fig)
+    if not configs:  # runs without an ablation's plan: each one's quality
+        for fig, (_, path) in zip(figs, found):
+            fig.quality = quality(runs[path], references, tokenizer) if tokenizer else {}
     report = {
         "method": __doc__.split("Where each figure comes from (the page says it too):\n", 1)[1].strip(),
         "quality_metrics": list(QUALITY_METRICS),
@@ -274,23 +337,20 @@ def build(
         "price_per_hour": price,
         "price_note": price_note,
         "notes": notes,
+        "traffic": traffic,
+        "peaks": peaks,
+        "configurations": configs,
         "figures": [asdict(f) for f in figs],
         "runs": [
             {
-                "folder": str(run.folder),
-                "label": entry["label"],
-                "record": run.record,
-                "validity": run.detail.get("result_validity"),
+                "folder": str(path),
+                "record": runs[path].record,
                 "loadgen": {
-                    k: run.detail.get(k)
-                    for k in (
-                        "effective_target_qps",
-                        "effective_min_query_count",
-                        "effective_sample_concatenate_permutation",
-                    )
+                    k: runs[path].detail.get(k)
+                    for k in ("effective_min_query_count", "effective_sample_concatenate_permutation")
                 },
             }
-            for run, entry in latency_runs
+            for _, path in found
         ],
         "total_samples": len(dataset) if dataset is not None else None,
     }
@@ -301,20 +361,17 @@ def build(
 
 
 def headline(report: dict) -> str:
-    """One line: the first and the last ablation run (or run) against each other."""
-    figs = [f for f in report["figures"] if f["kind"] != "sweep"] or report["figures"]
-    first, last = figs[0], figs[-1]
+    """One line: each configuration's capacity and its ratio to the first (or the runs' count)."""
+    if not report["configurations"]:
+        return f"{len(report['figures'])} runs, no ablation plan among them"
 
-    def fmt(f):
-        def num(key, digits):
-            return "n/a" if f[key] is None else f"{f[key]:.{digits}f}"
+    def one(c):
+        if c["capacity_qps"] is None:
+            return f"{c['label']} none"
+        times = c["ratios"]["capacity_qps"]
+        return f"{c['label']} {c['capacity_qps']:.3f}" + (f" ({times:.2f}x)" if times else "")
 
-        return (
-            f"{f['label']}: p99 TTFT {num('ttft_p99_ms', 0)} ms, p99 TPOT {num('tpot_p99_ms', 1)} ms, "
-            f"goodput {num('goodput_qps', 3)} q/s"
-        )
-
-    return f"{fmt(first)}; {fmt(last)}" if first is not last else fmt(first)
+    return "capacity (QPS): " + "; ".join(one(c) for c in report["configurations"])
 
 
 def main() -> None:
@@ -323,6 +380,12 @@ def main() -> None:
     parser.add_argument("--benchmark", default="llama3.1-8b")
     parser.add_argument("--logs", type=Path, nargs="+", help="build the page from these runs' folders (no runs)")
     parser.add_argument("--out", type=Path, default=REPO / "build" / "report")
+    parser.add_argument(
+        "--traffic",
+        type=Path,
+        help="a traffic sample (JSON Lines: prompt, output length or reference, arrival time; harness/traffic.py) "
+        "in place of the benchmark's dataset",
+    )
     parser.add_argument("--root", type=Path, default=REPO, help="the folder holding systems/ and measurements/")
     parser.add_argument("--ttft-ms", type=float, help="goodput's TTFT target (default: the benchmark's Server limit)")
     parser.add_argument("--tpot-ms", type=float, help="goodput's TPOT target (default: the benchmark's Server limit)")
@@ -337,7 +400,7 @@ def main() -> None:
         folders = args.logs
         if folders is None:
             runs_dir = args.out / "runs"
-            run_configurations(args.system, args.benchmark, runs_dir, args.root)
+            run_configurations(args.system, args.benchmark, runs_dir, args.root, traffic=args.traffic)
             folders = [runs_dir]
         report = build(folders, args.out, targets, args.price_per_hour, args.root)
     except (HarnessConfigError, RunLogError, DatasetError, SystemConfigError) as e:

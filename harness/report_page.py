@@ -32,26 +32,28 @@ def _pair(a, b, digits: int) -> str:
     return f"{_num(a, digits)} / {_num(b, digits)}"
 
 
-def _goodput(f: dict) -> str:
-    if f["goodput_qps"] is None:
+def _times(value) -> str:
+    return "" if value is None else f" ({value:.2f}x)"
+
+
+def _goodput(f: dict | None) -> str:
+    if not f or f["goodput_qps"] is None:
         return "n/a"
     return f"{f['goodput_qps']:.3f} ({f['good_queries']}/{f['queries']})"
 
 
-def _quality(f: dict, metric: str) -> str:
-    if metric not in f["quality"]:
+def _quality(c: dict, metric: str) -> str:
+    if metric not in c["quality"]:
         return "n/a"
-    change = f["quality_change"].get(metric)
-    return f"{f['quality'][metric]:.4f}" + ("" if change is None else f" ({change:+.2f}%)")
+    change = c.get("quality_change", {}).get(metric)
+    return f"{c['quality'][metric]:.4f}" + ("" if change is None else f" ({change:+.2f}%)")
 
 
-def _ablation(figs: list[dict]) -> list[dict]:
-    return [f for f in figs if f["kind"] != "sweep"]
-
-
-def _sweep(figs: list[dict]) -> list[dict]:
-    """The load sweep's points (the ablation's run of the system's settings among them), by rate."""
-    return sorted((f for f in figs if f["in_sweep"]), key=lambda f: f["target_qps"])
+def _capacity(c: dict) -> str:
+    if c["capacity_qps"] is None:
+        return "none"
+    above = f"; {c['failed_qps']:.3f} failed" if c["failed_qps"] is not None else "; none failed"
+    return f"{c['capacity_qps']:.3f}{_times(c['ratios']['capacity_qps'])}{above}"
 
 
 def _axis(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
@@ -64,138 +66,225 @@ def _axis(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
 
 def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
     """(id, title, header, rows) of each table on the page."""
-    figs = report["figures"]
-    ablation, sweep = _ablation(figs), _sweep(figs)
+    configs, figs = report["configurations"], report["figures"]
     t = report["targets_ms"]
     price = report["price_per_hour"]
-    headline = (
-        "headline",
-        "Configurations",
-        [
-            "configuration",
-            "builds on",
-            "change",
-            "TTFT p50 / p99 (ms)",
-            "TPOT p50 / p99 (ms)",
-            "tokens/s",
-            f"goodput (q/s; TTFT <= {t['ttft']:g} ms, TPOT <= {t['tpot']:g} ms)",
-            "$ / M input",
-            "$ / M output",
-            "rouge1 (change)",
-            "rougeL (change)",
-            f">= {report['quality_target']:.0%} of first",
-        ],
-        [
-            [
-                f["label"],
-                f["builds_on"] or "",
-                f["change"],
-                _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
-                _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
-                _num(f["tokens_per_s"]),
-                _goodput(f),
-                _num(f["cost_per_m_input"], 4),
-                _num(f["cost_per_m_output"], 4),
-                _quality(f, "rouge1"),
-                _quality(f, "rougeL"),
-                {True: "yes", False: "NO", None: "n/a"}[f["meets_quality_target"]],
-            ]
-            for f in ablation
-        ],
-    )
-    out = [headline]
-    if len(sweep) > 1:
+    out = []
+    if configs:
+        base = configs[0]["label"]
         out.append(
             (
-                "sweep",
-                "Load sweep (the system's own settings)",
+                "headline",
+                f"Configurations at their capacity (TTFT <= {t['ttft']:g} ms, TPOT <= {t['tpot']:g} ms at p99; "
+                f"ratios against {base})",
                 [
-                    "arrival rate (q/s)",
-                    "completed (q/s)",
-                    "tokens/s",
+                    "configuration",
+                    "builds on",
+                    "change",
+                    "Offline tokens/s",
+                    "capacity (QPS; the rate that failed above it)",
+                    "tokens/s at capacity",
                     "TTFT p50 / p99 (ms)",
                     "TPOT p50 / p99 (ms)",
                     "goodput (q/s)",
+                    "$ / M input",
+                    "$ / M output",
+                    "rouge1 (change)",
+                    "against what it builds on",
                 ],
                 [
                     [
-                        _num(f["target_qps"], 3),
-                        _num(f["completed_qps"], 3),
-                        _num(f["tokens_per_s"]),
-                        _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
-                        _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
-                        _goodput(f),
+                        c["label"],
+                        c["builds_on"] or "",
+                        c["change"],
+                        _num(c["offline"]["tokens_per_s"]) + _times(c["ratios"]["offline_tokens_per_s"]),
+                        _capacity(c),
+                        _num((c["at_capacity"] or {}).get("tokens_per_s")),
+                        _pair(
+                            (c["at_capacity"] or {}).get("ttft_p50_ms"), (c["at_capacity"] or {}).get("ttft_p99_ms"), 0
+                        ),
+                        _pair(
+                            (c["at_capacity"] or {}).get("tpot_p50_ms"), (c["at_capacity"] or {}).get("tpot_p99_ms"), 1
+                        ),
+                        _goodput(c["at_capacity"]),
+                        _num((c["at_capacity"] or {}).get("cost_per_m_input"), 4)
+                        + _times(c["ratios"]["cost_per_m_input"]),
+                        _num((c["at_capacity"] or {}).get("cost_per_m_output"), 4)
+                        + _times(c["ratios"]["cost_per_m_output"]),
+                        _quality(c, "rouge1"),
+                        c["verdict"],
                     ]
-                    for f in sweep
+                    for c in configs
                 ],
             )
         )
-    out.append(
-        (
-            "quality",
-            "Quality of each run's own responses",
-            ["configuration", *report["quality_metrics"], "tokens per sample"],
-            [
+        out.append(
+            (
+                "searches",
+                "Capacity searches: every trial (LoadGen Server runs, judged by LoadGen's p99 check)",
                 [
-                    f["label"],
-                    *(_quality(f, m) for m in report["quality_metrics"]),
-                    _num(f["quality"].get("tokens_per_sample")),
-                ]
-                for f in ablation
-            ],
-        )
-    )
-    out.append(
-        (
-            "cost",
-            "Cost split" + (f" at {price:g} per hour" if price else " (no price given)"),
-            [
-                "configuration",
-                "run length (s)",
-                "input tokens",
-                "output tokens",
-                "prefill share of busy time",
-                "$ / M input",
-                "$ / M output",
-            ],
-            [
+                    "configuration",
+                    "arrival rate (q/s)",
+                    "queries",
+                    "p99s met",
+                    "TTFT p50 / p99 (ms)",
+                    "TPOT p50 / p99 (ms)",
+                    "completed (q/s)",
+                    "goodput (q/s)",
+                    "tokens/s",
+                ],
                 [
-                    f["label"],
-                    _num(f["duration_s"]),
-                    str(f["input_tokens"]),
-                    str(f["output_tokens"]),
-                    _num(f["prefill_share"], 3),
-                    _num(f["cost_per_m_input"], 4),
-                    _num(f["cost_per_m_output"], 4),
+                    [
+                        c["label"],
+                        _num(f["target_qps"], 3),
+                        str(f["queries"]),
+                        {True: "yes", False: "NO", None: "n/a"}[f["p99s_met"]],
+                        _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
+                        _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
+                        _num(f["completed_qps"], 3),
+                        _goodput(f),
+                        _num(f["tokens_per_s"]),
+                    ]
+                    for c in configs
+                    for f in c["trials"]
                 ]
-                for f in figs
-            ],
+                + [[c["label"], "", "", "", "", "", "", "", c["search_summary"]] for c in configs],
+            )
         )
-    )
+        out.append(
+            (
+                "quality",
+                "Quality of each configuration's Offline responses",
+                ["configuration", "samples", *report["quality_metrics"], "tokens per sample"],
+                [
+                    [
+                        c["label"],
+                        str(c["offline"]["queries"]),
+                        *(_quality(c, m) for m in report["quality_metrics"]),
+                        _num(c["quality"].get("tokens_per_sample")),
+                    ]
+                    for c in configs
+                ],
+            )
+        )
+        out.append(
+            (
+                "cost",
+                "Cost at the capacity" + (f", at {price:g} per hour" if price else " (no price given)"),
+                [
+                    "configuration",
+                    "run length (s)",
+                    "input tokens within targets",
+                    "output tokens within targets",
+                    "prefill share of busy time",
+                    "$ / M input",
+                    "$ / M output",
+                ],
+                [
+                    [
+                        c["label"],
+                        _num(a.get("duration_s")),
+                        str(a.get("input_tokens")),
+                        str(a.get("output_tokens")),
+                        _num(a.get("prefill_share"), 3),
+                        _num(a.get("cost_per_m_input"), 4),
+                        _num(a.get("cost_per_m_output"), 4),
+                    ]
+                    for c in configs
+                    for a in [c["at_capacity"] or {}]
+                ],
+            )
+        )
+        peaks = report.get("peaks")
+        if peaks:
+            out.append(
+                (
+                    "bound",
+                    f"Against the hardware's bound ({peaks['bandwidth_gbps']:.1f} GB/s, "
+                    f"{peaks['flops_tflops'] * 1e3:.0f} GFLOP/s measured here)",
+                    [
+                        "configuration",
+                        "run",
+                        "engine busy (s)",
+                        "bound (s)",
+                        "bound by",
+                        "GB read, at least",
+                        "GFLOP, at least",
+                        "bound / busy",
+                    ],
+                    [
+                        [
+                            c["label"],
+                            run,
+                            _num(b["busy_s"], 2),
+                            _num(b["bound_s"], 2),
+                            b["bound_by"],
+                            _num(b["gb_read"], 1),
+                            _num(b["gflop"], 1),
+                            "n/a" if b["share_of_bound"] is None else f"{b['share_of_bound']:.0%}",
+                        ]
+                        for c in configs
+                        for run, f in (("Offline", c["offline"]), ("at the capacity", c["at_capacity"]))
+                        if f and (b := f["bound"])
+                    ],
+                )
+            )
+        targets = [p["tpot_ms"] for p in configs[0]["cost_by_tpot"]]
+        out.append(
+            (
+                "tpot_targets",
+                "Cost per million output tokens against the p99 TPOT target (the highest trial rate meeting it)",
+                ["configuration", *(f"TPOT <= {x:g} ms" for x in targets)],
+                [
+                    [
+                        c["label"],
+                        *(
+                            "n/a" if p["qps"] is None else f"{_num(p['cost_per_m_output'], 4)} at {p['qps']:.3f} q/s"
+                            for p in c["cost_by_tpot"]
+                        ),
+                    ]
+                    for c in configs
+                ],
+            )
+        )
     out.append(
         (
             "runs",
             "Runs and their conditions",
             [
                 "run",
-                "folder",
+                "scenario",
                 "date",
                 "commit",
                 "queries",
                 "target q/s",
                 "LoadGen verdict",
+                "TTFT p50 / p99 (ms)",
+                "TPOT p50 / p99 (ms)",
+                "tokens/s",
+                "goodput (q/s)",
+                "$ / M input",
+                "$ / M output",
+                "rouge1",
                 "engine limits",
                 "engine settings",
             ],
             [
                 [
-                    run["label"],
-                    run["folder"],
+                    f["label"],
+                    f["scenario"],
                     run["record"].get("date", "unknown"),
                     run["record"].get("commit", "unknown"),
                     str(f["queries"]),
-                    _num(run["loadgen"]["effective_target_qps"], 3),
-                    run["validity"] or "",
+                    _num(f["target_qps"], 3),
+                    f["validity"] or "",
+                    _pair(f["ttft_p50_ms"], f["ttft_p99_ms"], 0),
+                    _pair(f["tpot_p50_ms"], f["tpot_p99_ms"], 1),
+                    _num(f["tokens_per_s"]),
+                    _goodput(f),
+                    _num(f["cost_per_m_input"], 4),
+                    _num(f["cost_per_m_output"], 4),
+                    _num(f["quality"].get("rouge1"), 4),
                     _limits(run["record"]),
                     json.dumps(run["record"].get("engine", {}), sort_keys=True),
                 ]
@@ -219,18 +308,33 @@ def conditions(report: dict) -> list[tuple[str, str]]:
         values = sorted({str(r.get(key) or default) for r in records})
         return values[0] if len(values) == 1 else "per run (below): " + "; ".join(values)
 
-    figs = report["figures"]
-    queries = sorted({f["queries"] for f in figs})
-    total = report["total_samples"]
+    queries = sorted({f["queries"] for f in report["figures"]})
+    total = report["total_samples"] or "unknown"
+    if report["configurations"]:
+        offline = sorted({c["offline"]["queries"] for c in report["configurations"]})
+        used = (
+            f"{', '.join(map(str, offline))} of its {total} samples in each Offline run, each once; each capacity "
+            "trial its queries, each a different sample (LoadGen's equal issue), the same seeds in every run"
+        )
+    else:
+        used = f"{', '.join(map(str, queries))} queries per run, of its {total} samples"
+    traffic = report.get("traffic")
+    if traffic:
+        interval = traffic["mean_interval_s"]
+        used += f"; a user's traffic sample, {traffic['file']}, converted (harness/traffic.py). " + (
+            f"Its arrival times (a mean interval of {interval:.3f} s, {1 / interval:.3f} q/s) are not replayed: "
+            "LoadGen draws Poisson arrivals at each trial's rate"
+            if interval
+            else "It has no arrival times: LoadGen draws Poisson arrivals at each trial's rate"
+        )
     return [
         ("model", f"{shared('model_name', 'the folder')} ({shared('model')})"),
         ("dtype", shared("dtype")),
         ("hardware", shared("machine")),
-        ("benchmark, scenario", f"{shared('benchmark')}, LoadGen {shared('scenario')}"),
+        ("benchmark, scenarios", f"{shared('benchmark')}, LoadGen {shared('scenario')}"),
         (
             "dataset",
-            f"{shared('dataset')}: {', '.join(map(str, queries))} of its {total if total else 'unknown'} samples, "
-            "each issued once (equal issue), the same samples in every run",
+            f"{shared('dataset')}: {used}",
         ),
         ("latency targets", f"TTFT {report['targets_ms']['ttft']:g} ms, TPOT {report['targets_ms']['tpot']:g} ms"),
         (
@@ -246,56 +350,61 @@ def conditions(report: dict) -> list[tuple[str, str]]:
             else "unknown",
         ),
         ("commit", shared("commit")),
+        (
+            "the machine's peaks",
+            f"{p['bandwidth_gbps']:.1f} GB/s, {p['flops_tflops'] * 1e3:.0f} GFLOP/s ({p['method']})"
+            if (p := report.get("peaks"))
+            else "not measured",
+        ),
     ]
 
 
 def plots(report: dict) -> dict[str, bytes]:
-    """name -> PNG bytes."""
-    figs = report["figures"]
-    ablation, sweep = _ablation(figs), _sweep(figs)
-    t = report["targets_ms"]
+    """name -> PNG bytes: per configuration (or, without an ablation, per Server run)."""
+    configs, t = report["configurations"], report["targets_ms"]
+    server = [f for f in report["figures"] if f["scenario"] == "Server"]
     out = {}
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for f in ablation:
-        for ax, values in zip(axes, (f["ttfts_ms"], f["tpots_ms"])):
-            ordered = sorted(values)
-            ax.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post", label=f["label"])
-    for ax, name, target in zip(axes, ("TTFT", "TPOT"), (t["ttft"], t["tpot"])):
-        ax.axvline(target, color="gray", linestyle="--", label=f"target {target:g} ms")
-        _axis(ax, f"{name} (ms)", "share of queries", f"{name} per query (CDF)")
-    axes[1].legend(fontsize=7)
-    out["latency_cdf"] = _png(fig)
-
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, key, name, target in zip(
-        axes, ("ttft_p99_ms", "tpot_p99_ms"), ("p99 TTFT", "p99 TPOT"), (t["ttft"], t["tpot"])
-    ):
-        for f in ablation:
-            if f["tokens_per_s"] is not None and f[key] is not None:
-                ax.scatter(f["tokens_per_s"], f[key], label=f["label"])
-        if len(sweep) > 1:
-            ax.plot([f["tokens_per_s"] for f in sweep], [f[key] for f in sweep], "k.-", label="load sweep")
-        ax.axhline(target, color="gray", linestyle="--", label=f"target {target:g} ms")
-        _axis(ax, "throughput (tokens/s)", f"{name} (ms)")
-        ax.set_yscale("log")
-    axes[1].legend(fontsize=7)
-    out["throughput_latency"] = _png(fig)
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    points = sweep if len(sweep) > 1 else [f for f in figs if f["target_qps"] and f["completed_qps"] is not None]
-    rates = [f["target_qps"] for f in points]
-    ax.plot(rates, [f["completed_qps"] for f in points], "o-", label="completed (q/s)")
-    ax.plot(rates, [f["goodput_qps"] or 0 for f in points], "s-", label="goodput (q/s)")
-    ax.plot(rates, rates, color="gray", linestyle=":", label="arrival rate")
-    _axis(ax, "arrival rate (q/s)", "queries per second", "Goodput against load")
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    top = 0.0
+    for c in configs:
+        trials = [f for f in c["trials"] if f["goodput_qps"] is not None]
+        ax.plot([f["target_qps"] for f in trials], [f["goodput_qps"] for f in trials], "o-", label=c["label"])
+        top = max([top, *(f["target_qps"] for f in trials)])
+    if not configs:
+        points = sorted((f for f in server if f["goodput_qps"] is not None), key=lambda f: f["target_qps"])
+        ax.plot([f["target_qps"] for f in points], [f["goodput_qps"] for f in points], "o-", label="goodput")
+        top = max([top, *(f["target_qps"] for f in points)])
+    ax.plot([0, top], [0, top], color="gray", linestyle=":", label="arrival rate")
+    _axis(ax, "arrival rate (q/s)", "goodput (q/s within both targets)", "Goodput against arrival rate")
     ax.legend(fontsize=7)
     out["goodput_rate"] = _png(fig)
 
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for c in configs:
+        points = [p for p in c["cost_by_tpot"] if p["cost_per_m_output"] is not None]
+        ax.plot([p["tpot_ms"] for p in points], [p["cost_per_m_output"] for p in points], "o-", label=c["label"])
+    ax.axvline(t["tpot"], color="gray", linestyle="--", label=f"the benchmark's {t['tpot']:g} ms")
+    _axis(ax, "p99 TPOT target (ms)", "$ per million output tokens", "Cost against the TPOT target")
+    ax.legend(fontsize=7)
+    out["cost_tpot"] = _png(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    at = [(c["label"], c["at_capacity"]) for c in configs if c["at_capacity"]] or [(f["label"], f) for f in server]
+    for label, f in at:
+        for ax, values in zip(axes, (f["ttfts_ms"], f["tpots_ms"])):
+            ordered = sorted(values)
+            ax.step(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))], where="post", label=label)
+    for ax, name, target in zip(axes, ("TTFT", "TPOT"), (t["ttft"], t["tpot"])):
+        ax.axvline(target, color="gray", linestyle="--", label=f"target {target:g} ms")
+        _axis(ax, f"{name} (ms)", "share of queries", f"{name} per query at the capacity (CDF)")
+    axes[1].legend(fontsize=7)
+    out["latency_cdf"] = _png(fig)
+
     fig, ax = plt.subplots(figsize=(6, 4))
-    scored = [f for f in ablation if "rouge1" in f["quality"] and f["tokens_per_s"] is not None]
-    for f in scored:
-        ax.scatter(f["tokens_per_s"], f["quality"]["rouge1"], label=f["label"])
+    scored = [c for c in configs if "rouge1" in c["quality"]]
+    for c in scored:
+        ax.scatter(c["capacity_qps"] or 0, c["quality"]["rouge1"], label=c["label"])
     if scored:
         ax.axhline(
             report["quality_target"] * scored[0]["quality"]["rouge1"],
@@ -303,9 +412,10 @@ def plots(report: dict) -> dict[str, bytes]:
             linestyle="--",
             label=f"{report['quality_target']:.0%} of {scored[0]['label']}",
         )
-    _axis(ax, "throughput (tokens/s)", "rouge1", "Quality against speed")
-    ax.legend(fontsize=7)
-    out["quality_speed"] = _png(fig)
+    _axis(ax, "capacity (q/s)", "rouge1", "Quality against capacity")
+    if scored:
+        ax.legend(fontsize=7)
+    out["quality_capacity"] = _png(fig)
     return out
 
 

@@ -7,6 +7,7 @@ ended, every request was answered without an error and, in accuracy mode, the lo
 run with a failed request, or one that raised or was interrupted, is marked failed and ends with a
 non-zero exit status (RunFailed; Ctrl-C: 130), so nothing downstream takes it for a result."""
 
+import dataclasses
 import datetime
 import json
 import os
@@ -129,6 +130,13 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     # ends it, so every response has at least 2 tokens unless only one fits in max_model_len: refused
     # here, before LoadGen starts.
     params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
+    if dataset.output_tokens is not None:  # a traffic sample's lengths: each response that long (at least 2)
+        params = [
+            params
+            if n is None
+            else dataclasses.replace(params, max_tokens=max(2, n), min_tokens=max(2, n), ignore_eos=True)
+            for n in dataset.output_tokens
+        ]
     no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
     if no_room:
         raise HarnessConfigError(

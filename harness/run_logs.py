@@ -57,6 +57,7 @@ class RunLogs:
     detail: dict
     record: dict  # run.json, or {} for logs the harness did not write
     queries: list[Query] = field(default_factory=list)  # latency scenarios only, in issue order
+    responses: dict[int, list[int]] = field(default_factory=dict)  # sample index -> its first response's tokens
 
     @property
     def scenario(self) -> str:
@@ -79,6 +80,18 @@ class RunLogs:
         )
         return self.detail[key] / 1e6 if key in self.detail else None
 
+    def goodput(self, ttft_ms: float, tpot_ms: float) -> tuple[int, float] | None:
+        """(queries that met both targets, those per second of the run), DistServe's goodput; None
+        when the token counts or the run's length are unknown. A one-token response meets any TPOT."""
+        if not self.queries or self.duration_s is None or any(q.num_tokens is None for q in self.queries):
+            return None
+        good = sum(1 for q in self.queries if meets(q, ttft_ms, tpot_ms))
+        return good, good / self.duration_s
+
+
+def meets(query: Query, ttft_ms: float, tpot_ms: float) -> bool:
+    return query.ttft_ns <= ttft_ms * 1e6 and (query.tpot_ns is None or query.tpot_ns <= tpot_ms * 1e6)
+
 
 def read_run(folder: Path) -> RunLogs:
     """A complete run's folder (compliance/run_folder.py): a killed, failed or changed one is refused."""
@@ -96,6 +109,12 @@ def read_run(folder: Path) -> RunLogs:
     run = RunLogs(folder, detail, record)
     if run.scenario == "Server":
         run.queries = read_queries(folder)
+        for q in run.queries:
+            if q.tokens is not None:
+                run.responses.setdefault(q.qsl_idx, q.tokens)
+    elif (folder / "mlperf_log_accuracy.json").is_file():
+        for entry in read_accuracy_entries(folder / "mlperf_log_accuracy.json"):
+            run.responses.setdefault(entry["qsl_idx"], entry["data"])
     return run
 
 

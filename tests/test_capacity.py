@@ -45,6 +45,26 @@ def test_a_system_that_never_passes_is_said_so():
     assert found.summary().startswith("no rate passed down to")
 
 
+@pytest.mark.parametrize(
+    "hint, expected",
+    [
+        (1.1, [8.0, 2.0, 1.1]),  # where the failed run's queries met the targets, at most MAX_DROP lower
+        (7.9, [8.0, 6.4, 6.4 / 1.25]),  # a hint above rate / grow: the step down is kept
+        (0.0, [8.0, 2.0, 0.5]),  # nothing met the targets: MAX_DROP lower
+    ],
+)
+def test_a_failed_runs_hint_sets_the_next_rate_down_within_bounds(hint, expected):
+    tried = []
+
+    def run(qps: float) -> Trial:
+        tried.append(qps)
+        return Trial(qps, qps <= 1.2, hint_qps=None if qps <= 1.2 else hint)
+
+    found = search_capacity(run, 8.0, tolerance=0.5, max_runs=3, grow=1.25)
+    assert tried == pytest.approx(expected)
+    assert found.trials[0].hint_qps == hint
+
+
 def test_bad_search_settings_are_refused():
     run, _ = runs_of_capacity(1.0)
     with pytest.raises(ValueError, match="start_qps > 0"):

@@ -14,7 +14,7 @@ import pytest
 from accuracy.report import summarization_accuracy
 from compliance.loadgen_logs import MLLOG_MARKER
 from compliance.run_folder import STATUS_FILE, RunFolder
-from harness.report import build, cost_per_million, goodput
+from harness.report import build, cost_per_million, figures_for, verdict
 from harness.run_logs import RunLogError, loadgen_percentile, read_run
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
@@ -94,9 +94,9 @@ def test_goodput_counts_exactly_the_queries_under_both_targets(tmp_path):
         (t * 10**6, e * 10**6, n) for t, e, n in HAND_QUERIES
     ]
     assert run.duration_s == 10.0  # 5 queries at 0.5 per second
-    assert goodput(run, 2000, 100) == (3, 0.3)
-    assert goodput(run, 2000, 99.9) == (2, 0.2)  # the first query's TPOT of 100 ms is now over
-    assert goodput(run, 5000, 1000) == (5, 0.5)
+    assert run.goodput(2000, 100) == (3, 0.3)
+    assert run.goodput(2000, 99.9) == (2, 0.2)  # the first query's TPOT of 100 ms is now over
+    assert run.goodput(5000, 1000) == (5, 0.5)
 
 
 def test_cost_per_million_tokens_follows_the_stated_formula(tmp_path):
@@ -105,12 +105,13 @@ def test_cost_per_million_tokens_follows_the_stated_formula(tmp_path):
     assert share == 0.25
     assert per_input == pytest.approx(0.01 * 0.25 / 150 * 1e6)
     assert per_output == pytest.approx(0.01 * 0.75 / 31 * 1e6)
+    assert cost_per_million(3.6, 10.0, {"prefill_s": 1.0, "decode_s": 3.0}, 0, 0)[1:] == (None, None)
+    # Only the tokens of the queries within both targets count: the first, fourth and fifth.
     run = read_run(write_hand_run(tmp_path / "run"))
-    from harness.report import figures_for
-
-    fig = figures_for(run, "hand", "run", (2000, 100), 3.6, HAND_PROMPTS)
-    assert (fig.input_tokens, fig.output_tokens) == (150, 31)
-    assert fig.cost_per_m_input == pytest.approx(per_input) and fig.cost_per_m_output == pytest.approx(per_output)
+    fig = figures_for(run, "hand", (2000, 100), 3.6, HAND_PROMPTS)
+    assert (fig.input_tokens, fig.output_tokens) == (10 + 40 + 50, 11 + 5 + 1)
+    assert fig.cost_per_m_input == pytest.approx(0.01 * 0.25 / 100 * 1e6)
+    assert fig.cost_per_m_output == pytest.approx(0.01 * 0.75 / 17 * 1e6)
 
 
 def test_a_trace_missing_a_first_token_is_refused_by_name(tmp_path):
@@ -167,8 +168,7 @@ def report_run(tiny_llama, tmp_path_factory):
             "demo": True,
             "report": {
                 "samples": SAMPLES,
-                "target_qps": 20,
-                "sweep": [0.5, 1, 2],
+                "max_trials": 2,
                 "proposers": [{"method": "ngram", "num_speculative_tokens": 2}],
                 "price_per_hour": PRICE,
             },
@@ -247,26 +247,68 @@ def detail(folder):
     return values
 
 
+def trial_rows(table, label):
+    return [row for row in table[1:] if row[0] == label and row[1]]
+
+
 def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_run):
     from transformers import AutoTokenizer
 
     root, out, prompts, stdout = report_run
-    plan = json.loads((out / "runs" / "ablation.json").read_text())
+    runs = out / "runs"
+    plan = json.loads((runs / "ablation.json").read_text())
     labels = [c["label"] for c in plan["configs"]]
-    assert labels[:4] == ["static batching", "continuous batching", "chunked prefill", "n-gram speculation"]
-    assert [c["target_qps"] for c in plan["configs"][4:]] == [10, 40]  # 1x is the ablation's last run
-    assert re.search(r"^report: \[1/6\] static batching at 20.000 QPS", stdout, re.MULTILINE)
+    assert labels == ["static batching", "continuous batching", "chunked prefill", "n-gram speculation"]
+    assert re.search(rf"^report: \[1/4\] static batching: Offline, {SAMPLES} samples", stdout, re.MULTILINE)
     tables = Tables((out / "report.html").read_text()).tables
-    headline, sweep, cost_table = tables["headline"], tables["sweep"], tables["cost"]
-    assert [row[0] for row in headline[1:]] == labels[:4]
+    headline, searches, cost_table, by_tpot = (
+        tables["headline"],
+        tables["searches"],
+        tables["cost"],
+        tables["tpot_targets"],
+    )
+    assert [row[0] for row in headline[1:]] == labels
     tokenizer = AutoTokenizer.from_pretrained(root / "tiny-llama")
     references = [r["output"] for r in json.loads((root / "data.json").read_text())]
-    responses_by_run = []
+    responses_by_config, base = [], None
     for config, row in zip(plan["configs"], headline[1:]):
-        folder = out / "runs" / config["folder"]
-        d, queries = detail(folder), independent_queries(folder)
-        assert len(queries) == d["result_query_count"] == SAMPLES
-        assert sorted(q[3] for q in queries) == sorted(set(q[3] for q in queries))  # each sample once
+        folder = runs / config["folder"]
+        # Offline: every sample once, its tokens/s LoadGen's, its quality from its own responses.
+        offline = detail(folder / "offline")
+        entries = json.loads((folder / "offline" / "mlperf_log_accuracy.json").read_text())
+        assert sorted(e["qsl_idx"] for e in entries) == list(range(SAMPLES)) == sorted({e["qsl_idx"] for e in entries})
+        responses = {
+            e["qsl_idx"]: [
+                int.from_bytes(bytes.fromhex(e["data"][i : i + 8]), "little") for i in range(0, len(e["data"]), 8)
+            ]
+            for e in entries
+        }
+        responses_by_config.append(responses)
+        order = sorted(responses)
+        scores = summarization_accuracy(
+            tokenizer.batch_decode([responses[i] for i in order], skip_special_tokens=True),
+            [references[i] for i in order],
+            [len(responses[i]) for i in order],
+        )
+        assert row[11].split(" ")[0] == f"{scores['rouge1']:.4f}"
+        # The search: each trial's verdict is LoadGen's p99 check in its own detail log, the capacity
+        # the highest rate that passed.
+        search = json.loads((folder / "capacity.json").read_text())
+        assert search["start_qps"] == pytest.approx(0.7 * offline["result_samples_per_second"])
+        passed = []
+        for trial in search["trials"]:
+            d = detail(runs / trial["logs"])
+            assert trial["passed"] == d["result_perf_constraints_met"]
+            assert d["result_query_count"] == min(SAMPLES, max(40, round(trial["qps"] * 40)))
+            assert d["effective_target_qps"] == pytest.approx(trial["qps"], rel=1e-3)
+            if trial["passed"]:
+                passed.append((trial["qps"], runs / trial["logs"]))
+        assert len(search["trials"]) == 2 and len(trial_rows(searches, config["label"])) == 2
+        capacity, at = max(passed)
+        assert search["capacity_qps"] == capacity
+        d, queries = detail(at), independent_queries(at)
+        assert len(queries) == d["result_query_count"]
+        assert sorted(q[3] for q in queries) == sorted(set(q[3] for q in queries))  # each sample at most once
         ttft, e2e = [q[0] for q in queries], [q[1] for q in queries]
         tpot = [(b - a) / (n - 1) for a, b, n, *_ in queries if n > 1]
         # LoadGen's percentiles from these per-query values: the trace's pairing is LoadGen's own.
@@ -277,59 +319,84 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
                 d[f"result_time_per_output_token_{key}_percentile_ns"], rel=1e-6, abs=1
             )
         ms = lambda key: d[key] / 1e6  # noqa: E731
+        assert row[3].split(" ")[0] == f"{offline['result_tokens_per_second']:.1f}"
+        assert row[4].startswith(f"{capacity:.3f}")
+        assert row[5] == f"{d['result_completed_tokens_per_second']:.1f}"
         assert (
-            row[3] == f"{ms('result_first_token_50.00_percentile_latency_ns'):.0f} / "
+            row[6] == f"{ms('result_first_token_50.00_percentile_latency_ns'):.0f} / "
             f"{ms('result_first_token_99.00_percentile_latency_ns'):.0f}"
         )
         assert (
-            row[4] == f"{ms('result_time_per_output_token_50.00_percentile_ns'):.1f} / "
+            row[7] == f"{ms('result_time_per_output_token_50.00_percentile_ns'):.1f} / "
             f"{ms('result_time_per_output_token_99.00_percentile_ns'):.1f}"
         )
-        assert row[5] == f"{d['result_completed_tokens_per_second']:.1f}"
         duration = d["result_query_count"] / d["result_completed_samples_per_sec"]
-        good = sum(
-            1 for a, b, n, *_ in queries if a <= TARGETS[0] * 1e6 and (n < 2 or (b - a) / (n - 1) <= TARGETS[1] * 1e6)
-        )
-        assert row[6] == f"{good / duration:.3f} ({good}/{SAMPLES})"
-        busy = json.loads((folder / "run.json").read_text())["busy_s"]
+        within = [
+            q
+            for q in queries
+            if q[0] <= TARGETS[0] * 1e6 and (q[2] < 2 or (q[1] - q[0]) / (q[2] - 1) <= TARGETS[1] * 1e6)
+        ]
+        assert row[8] == f"{len(within) / duration:.3f} ({len(within)}/{len(queries)})"
+        busy = json.loads((at / "run.json").read_text())["busy_s"]
         share = busy["prefill_s"] / (busy["prefill_s"] + busy["decode_s"])
         cost = PRICE * duration / 3600
-        inputs, outputs = sum(len(prompts[q[3]]) for q in queries), sum(q[2] for q in queries)
-        assert row[7] == f"{cost * share / inputs * 1e6:.4f}" and row[8] == f"{cost * (1 - share) / outputs * 1e6:.4f}"
+        inputs, outputs = sum(len(prompts[q[3]]) for q in within), sum(q[2] for q in within)
+        per_input, per_output = cost * share / inputs * 1e6, cost * (1 - share) / outputs * 1e6
+        assert row[9].split(" ")[0] == f"{per_input:.4f}" and row[10].split(" ")[0] == f"{per_output:.4f}"
         cost_row = next(r for r in cost_table if r[0] == config["label"])
         assert cost_row[2:5] == [str(inputs), str(outputs), f"{share:.3f}"]
-        responses = {q[3]: q[4] for q in queries}
-        responses_by_run.append(responses)
-        order = sorted(responses)
-        scores = summarization_accuracy(
-            tokenizer.batch_decode([responses[i] for i in order], skip_special_tokens=True),
-            [references[i] for i in order],
-            [len(responses[i]) for i in order],
-        )
-        assert row[9].split(" ")[0] == f"{scores['rouge1']:.4f}" and row[10].split(" ")[0] == f"{scores['rougeL']:.4f}"
+        tpot_row = next(r for r in by_tpot if r[0] == config["label"])
+        assert tpot_row[by_tpot[0].index("TPOT <= 100 ms")] == f"{per_output:.4f} at {capacity:.3f} q/s"
+        # Ratios against static batching, the first configuration.
+        if base is None:
+            base = (capacity, offline["result_tokens_per_second"], per_output)
+            assert row[12] == "the baseline"
+        else:
+            assert f"({capacity / base[0]:.2f}x)" in row[4]
+            assert row[3].endswith(f"({offline['result_tokens_per_second'] / base[1]:.2f}x)")
+            assert row[10].endswith(f"({per_output / base[2]:.2f}x)")
+            assert row[12].startswith(("wins: ", "LOSES: "))
     # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
-    assert all(r == responses_by_run[0] for r in responses_by_run)
-    assert all(row[9].endswith("(+0.00%)") and row[11] == "yes" for row in headline[1:])
-    rates = [row[0] for row in sweep[1:]]
-    assert rates == ["10.000", "20.000", "40.000"]
+    assert all(r == responses_by_config[0] for r in responses_by_config)
+    assert all(row[11].endswith("(+0.00%)") for row in headline[1:])
     md = (out / "report.md").read_text()
     assert "| " + " | ".join(headline[1]) + " |" in md  # the same tables in the Markdown
     assert "TTFT 2000 ms, TPOT 100 ms" in md and "1.5 per hour" in md
 
 
+def test_a_configuration_that_costs_capacity_is_named_a_loser():
+    base = {"label": "chunked", "capacity_qps": 4.0, "search_summary": "", "meets_quality_target": True}
+    slower = {**base, "label": "draft", "capacity_qps": 1.0}
+    assert verdict(slower, base) == "LOSES: 0.25x the capacity of chunked"
+    assert verdict({**slower, "capacity_qps": 6.0}, base) == "wins: 1.50x the capacity of chunked"
+    none = {**slower, "capacity_qps": None, "search_summary": "no rate passed down to 0.100 QPS"}
+    assert verdict(none, base) == "LOSES: no rate met the targets (no rate passed down to 0.100 QPS)"
+    worse = {**slower, "capacity_qps": 6.0, "meets_quality_target": False}
+    assert verdict(worse, base).endswith("quality under 99% of the first configuration's")
+
+
 def test_the_page_is_rebuilt_from_existing_runs(report_run, tmp_path):
     _, out, _, _ = report_run
     logs = tmp_path / "logs"
-    for name in ("03-chunked", "sweep-40.000"):  # a submission's folders: no plan beside them
+    trial = json.loads((out / "runs" / "03-chunked" / "capacity.json").read_text())["trials"][0]["logs"]
+    for name in ("03-chunked/offline", trial):  # a submission's folders: no plan beside them
         shutil.copytree(out / "runs" / name, logs / name)
     report = build([logs], tmp_path / "page", price=PRICE)
-    assert [f["label"] for f in report["figures"]] == ["03-chunked", "sweep-40.000"]
-    first = json.loads((out / "report.json").read_text())["figures"]
-    again = {f["folder"]: f for f in report["figures"]}
-    for f in first:
-        if f["folder"] in again:
-            for key in ("ttft_p99_ms", "tpot_p99_ms", "goodput_qps", "cost_per_m_input", "cost_per_m_output"):
-                assert again[f["folder"]][key] == f[key], key
+    assert report["configurations"] == [] and [f["label"] for f in report["figures"]] == sorted(
+        ["03-chunked/offline", trial]
+    )
+    first = {f["folder"]: f for f in json.loads((out / "report.json").read_text())["figures"]}
+    for f in report["figures"]:
+        again = first[str(out / "runs" / f["label"])]
+        for key in (
+            "tokens_per_s",
+            "ttft_p99_ms",
+            "tpot_p99_ms",
+            "goodput_qps",
+            "cost_per_m_input",
+            "cost_per_m_output",
+        ):
+            assert again[key] == f[key], key
     assert (tmp_path / "page" / "report.html").is_file()
 
 
@@ -357,3 +424,51 @@ def test_headless_chromium_renders_the_page_with_every_image(report_run):
     loaded = int(re.search(r'data-images-loaded="(\d+)"', body).group(1))
     assert total == loaded == 4
     assert 'id="headline"' in done.stdout and "static batching" in done.stdout
+
+
+# ---- the hardware's bound ------------------------------------------------------------------------
+
+
+def test_the_engine_counts_the_least_its_steps_read_and_compute(tiny_llama):
+    from sut import LLM, SamplingParams
+
+    llm = LLM(tiny_llama[0], num_kv_blocks=64, device="cpu")
+    llm.generate([[5] * 10], SamplingParams(max_tokens=3, ignore_eos=True))
+    busy = llm.engine.busy_stats()
+    # One prefill step of 10 tokens, then two decode steps: the K/V of 10, 11 and 12 tokens read.
+    assert (busy["steps"], busy["tokens"], busy["attended_tokens"]) == (3, 12, 33)
+    # The tiny Llama (tests/helpers.py): fp32 linears of 2 x (q 64x64, k and v 64x32, o 64x64, gate, up
+    # and down 64x128) and an untied LM head 256x64; K and V of 2 layers x 2 heads x 16 per token.
+    weights, kv_per_token = 4 * (2 * (4096 + 2 * 2048 + 4096 + 3 * 8192) + 256 * 64), 4 * 2 * 2 * 2 * 16
+    assert llm.engine.runner.weight_bytes_read == weights
+    assert busy["min_bytes_read"] == 3 * weights + 33 * kv_per_token
+    assert busy["min_flops"] == 12 * 2 * 2 * (64 * 12 * 16 + 3 * 64 * 128)
+
+
+def test_a_linear_computed_from_blocks_counts_the_blocks_alone():
+    from torch import nn
+
+    from sut.model.loader import forward_weight_bytes
+
+    class Blocks:
+        nbytes = 100
+
+    class FromBlocks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks, self.dense = Blocks(), nn.Linear(8, 4, bias=False)  # the dense copy is not read too
+
+    model = nn.Sequential(FromBlocks(), nn.Linear(4, 2, bias=False), nn.Embedding(50, 4))
+    assert forward_weight_bytes(model) == 100 + 4 * 2 * 4
+
+
+def test_the_bound_is_the_larger_of_memory_and_compute_time():
+    from harness.roofline import bound
+
+    peaks = {"bandwidth_gbps": 10.0, "flops_tflops": 0.1}
+    busy = {"prefill_s": 1.0, "decode_s": 3.0, "min_bytes_read": 20e9, "min_flops": 1e11}
+    b = bound(busy, peaks)
+    assert (b["bound_s"], b["bound_by"], b["share_of_bound"]) == (2.0, "memory", 0.5)
+    b = bound({**busy, "min_flops": 3e11}, peaks)
+    assert (b["bound_s"], b["bound_by"]) == (3.0, "compute")
+    assert bound({"prefill_s": 1.0, "decode_s": 3.0}, peaks) is None  # a run from before the counts

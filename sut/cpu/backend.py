@@ -15,6 +15,7 @@ from sut.cpu.layer import CpuDecoder
 from sut.cpu.linear import pack_linears
 from sut.cpu.ops import c_ops
 from sut.cpu.quant import attach_gguf_blocks
+from sut.model.loader import forward_weight_bytes
 
 KV_CACHE_GB = 2.0  # the KV cache's size unless the engine settings give one
 
@@ -37,10 +38,12 @@ def keep_freed_memory_in_heap() -> None:
 class CpuBackend:
     """`ops`: the C op set for the runner to offer kernels.select_ops (None when the C kernels cannot
     be built here); `kv_cache_bytes`: the KV cache's default size; `decoder()`: the one-call decode
-    path, once the KV cache is in place."""
+    path, once the KV cache is in place; `weight_bytes_read`: the fewest weight bytes a forward reads
+    (sut.model.loader.forward_weight_bytes, taken before packing)."""
 
-    def __init__(self, model: nn.Module, lib, sliced: bool = False):
+    def __init__(self, model: nn.Module, lib, sliced: bool = False, weight_bytes_read: int = 0):
         self.model, self.lib, self.sliced = model, lib, sliced
+        self.weight_bytes_read = weight_bytes_read
         self.ops: KernelOps | None = None if lib is None else c_ops(lib)
         self.kv_cache_bytes = int(KV_CACHE_GB * 2**30)
 
@@ -72,5 +75,6 @@ def setup_cpu_backend(
     keep_freed_memory_in_heap()
     if settings.quantized_weights and folder is not None and not sliced:
         attach_gguf_blocks(model, folder, settings.int16_activations)  # before packing: it checks the dense weights
+    weight_bytes_read = forward_weight_bytes(model)
     pack_linears(model)
-    return CpuBackend(model, library(), sliced)
+    return CpuBackend(model, library(), sliced, weight_bytes_read)

@@ -62,6 +62,11 @@ class BlockWeights:
     m: torch.Tensor | None
     _int16: tuple | None = field(default=None, repr=False)
 
+    @property
+    def nbytes(self) -> int:
+        """What a kernel reads of it: codes, scales and minimums."""
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m) if t is not None)
+
     @staticmethod
     def from_raw(raw: torch.Tensor, format: str) -> "BlockWeights":
         """From the file's bytes, uint8 [rows, cols / 32, BLOCK_BYTES[format]]."""

@@ -310,8 +310,18 @@ class LLMEngine:
 
     def busy_stats(self) -> dict:
         """Seconds the steps took since the engine started (or warmed up), split between prefill and
-        decode (Scheduler.record_step says how)."""
-        return {f"{kind}_s": seconds for kind, seconds in self.scheduler.busy_s.items()}
+        decode (Scheduler.record_step says how), what they did (Scheduler.work), and the least they had
+        to move and compute for it (harness/roofline.py): the weights read once per step, each attended
+        token's K/V read once, the linears' FLOPs per token; a tensor-parallel engine's over its ranks."""
+        work, r = self.scheduler.work, self.runner
+        ranks = len(self.rank_weight_bytes) if self.runner.shard is not None else 1
+        return {
+            **{f"{kind}_s": seconds for kind, seconds in self.scheduler.busy_s.items()},
+            **work,
+            "min_bytes_read": ranks
+            * (work["steps"] * r.weight_bytes_read + work["attended_tokens"] * r.bytes_per_block // r.block_size),
+            "min_flops": ranks * work["tokens"] * r.flops_per_token,
+        }
 
     def kv_cache_stats(self) -> dict:
         return {

@@ -54,6 +54,9 @@ class Scheduler:
         self.costs = StepCosts()
         self.tpot_guard = TpotGuard(config, self.costs) if config.tpot_target_ms is not None else None
         self.busy_s = {"prefill": 0.0, "decode": 0.0}
+        # What the steps did, for the report's hardware bound (harness/roofline.py): steps, tokens
+        # computed, and tokens attended (each row's context through its last new token: the K/V it reads).
+        self.work = {"steps": 0, "tokens": 0, "attended_tokens": 0}
         self.block_manager = block_manager
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # in admission order
@@ -250,6 +253,9 @@ class Scheduler:
             decode = min(seconds, self.costs.decode_step_s)
         self.busy_s["decode"] += decode
         self.busy_s["prefill"] += seconds - decode
+        self.work["steps"] += 1
+        self.work["tokens"] += sum(batch.num_new_tokens)
+        self.work["attended_tokens"] += sum(s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens))
         self.costs.record(prefill, seconds)
 
     def preempt(self, seq: Sequence) -> None:

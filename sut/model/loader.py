@@ -218,3 +218,20 @@ def copy_tensors(sources: dict[str, Path], dest: Path, metadata: dict[str, str])
                         raise CheckpointError(f"{file}: ends inside tensor {name!r} (truncated)")
                     out.write(buffer[:n])
                     left -= n
+
+
+def forward_weight_bytes(model: nn.Module) -> int:
+    """The weight bytes a forward reads at least: each linear's (the LM head's too, tied or not) in the
+    smallest form the model holds them: a module's `blocks` (the CPU backend's GGUF blocks, whose
+    `nbytes` its kernels read) where it has them, else its dense weight. The embedding table is only
+    looked up, row by row. Call before the CPU backend packs the dense linears (their packed form
+    hides its size)."""
+    total, kept_dense = 0, set()
+    for module in model.modules():  # a parent before its children
+        blocks = getattr(module, "blocks", None)
+        if blocks is not None:
+            total += blocks.nbytes
+            kept_dense.add(id(getattr(module, "dense", None)))  # the larger batches' copy
+        elif isinstance(module, nn.Linear) and id(module) not in kept_dense:
+            total += module.weight.numel() * module.weight.element_size()
+    return total

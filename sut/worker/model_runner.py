@@ -13,7 +13,7 @@ from sut.batch import ScheduledBatch
 from sut.config import EngineConfig, ModelConfig
 from sut.cpu.backend import setup_cpu_backend
 from sut.errors import ConfigError
-from sut.model.loader import load_model
+from sut.model.loader import forward_weight_bytes, load_model
 from sut.parallel import Shard, broadcast, local_config
 from sut.sample.sampler import sample
 from sut.sample.verifier import verify
@@ -58,6 +58,10 @@ class ModelRunner:
             if device.type == "cpu"
             else None
         )
+        # The report's bound on a step (harness/roofline.py): the weights it must read at least, and
+        # the decoder layers' linear FLOPs per token (attention's and the LM head's left out: a bound).
+        self.weight_bytes_read = self.cpu.weight_bytes_read if self.cpu else forward_weight_bytes(self.model)
+        self.flops_per_token = layer_linear_flops(model_config)
         try:
             self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
         except ValueError as e:  # kernels knows nothing of the engine's errors
@@ -210,6 +214,12 @@ class ModelRunner:
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
+
+
+def layer_linear_flops(c: ModelConfig) -> int:
+    """Multiply-adds x 2 per token in the decoder layers' linears: q, k, v, o and gate, up, down."""
+    attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+    return 2 * c.num_layers * (attention + 3 * c.hidden_size * c.intermediate_size)
 
 
 def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

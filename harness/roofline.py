@@ -1,0 +1,74 @@
+"""The bound the hardware sets on a run, beside what the run took (gpt-fast's roofline reasoning):
+a step cannot be faster than reading its weights and its batch's K/V from memory at the bandwidth
+the machine measures, nor than its FLOPs at the machine's measured peak.
+
+`measure_peaks` measures both on the machine the runs use (a large copy: bytes read plus written
+per second; a square matrix product in the model's dtype), before the runs. The engine counts what
+its steps did (`busy_s` in each run's run.json, sut/engine/llm_engine.py busy_stats): the weights'
+bytes read once per step (in the smallest form it holds them), each attended token's K/V read
+once, and the decoder layers' linear FLOPs per token. `bound` divides: the larger of bytes over
+bandwidth and FLOPs over peak is the least time the run's steps could have taken; attention's
+FLOPs, the LM head and every activation are left out, and totals are used rather than each
+step's larger term, so it is a lower bound, never above what any engine could do.
+"""
+
+import time
+
+import torch
+
+COPY_BYTES = 256 * 2**20
+MATMUL_SIZE = 2048
+REPEATS = 5
+
+
+def _best_seconds(fn, device: torch.device) -> float:
+    best = float("inf")
+    for _ in range(REPEATS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_peaks(device: str = "cpu", dtype: torch.dtype = torch.float32) -> dict:
+    """{"bandwidth_gbps", "flops_tflops", "device", "method"} measured here, best of REPEATS."""
+    dev = torch.device(device)
+    src = torch.ones(COPY_BYTES // 4, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    copy_s = _best_seconds(lambda: dst.copy_(src), dev)
+    a = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=dev).to(dtype)
+    b = torch.randn(MATMUL_SIZE, MATMUL_SIZE, device=dev).to(dtype)
+    matmul_s = _best_seconds(lambda: torch.mm(a, b), dev)
+    return {
+        "device": device,
+        "bandwidth_gbps": 2 * COPY_BYTES / copy_s / 1e9,
+        "flops_tflops": 2 * MATMUL_SIZE**3 / matmul_s / 1e12,
+        "method": (
+            f"a {COPY_BYTES >> 20} MiB copy (read + write) and a {MATMUL_SIZE}-square "
+            f"{str(dtype).removeprefix('torch.')} matrix product, best of {REPEATS}, "
+            f"torch with {torch.get_num_threads()} threads"
+        ),
+    }
+
+
+def bound(busy: dict, peaks: dict) -> dict | None:
+    """The least time the run's steps could have taken and what bounds it, against their busy time;
+    None where the run's record lacks the counts (an older run)."""
+    if "min_bytes_read" not in busy or not peaks:
+        return None
+    memory_s = busy["min_bytes_read"] / (peaks["bandwidth_gbps"] * 1e9)
+    compute_s = busy["min_flops"] / (peaks["flops_tflops"] * 1e12)
+    busy_s = busy["prefill_s"] + busy["decode_s"]
+    least = max(memory_s, compute_s)
+    return {
+        "bound_s": least,
+        "busy_s": busy_s,
+        "bound_by": "memory" if memory_s >= compute_s else "compute",
+        "share_of_bound": least / busy_s if busy_s else None,  # 1.0: running at the hardware's limit
+        "gb_read": busy["min_bytes_read"] / 1e9,
+        "gflop": busy["min_flops"] / 1e9,
+    }
