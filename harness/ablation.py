@@ -24,15 +24,16 @@ when it starts, and a trial that would end past its share is not run (the search
 
 import json
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from accuracy.dataset import load_dataset
+from accuracy.dataset import Dataset, load_dataset
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import harness_command
-from harness.capacity import CapacitySearch, LoadGenTrials, Trial, search_capacity
+from compliance.submission import RUN_START_S, harness_command
+from harness.capacity import CapacityError, CapacitySearch, LoadGenTrials, Trial, search_capacity, trial_from_detail
 from harness.config import HarnessConfigError, RunConfig
 from harness.run_logs import read_run
 from systems.benchmarks import BENCHMARKS
@@ -40,10 +41,12 @@ from systems.schema import REPO, System, expand_path
 
 PLAN = "ablation.json"  # in the runs folder: the configurations in order (harness/report.py reads it)
 TRAFFIC = "traffic.json"  # in the runs folder: a user's traffic as a dataset file (harness/traffic.py)
+ARRIVALS = "arrivals.json"  # in the runs folder: a traffic sample's arrival times, where it has them
 PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/roofline.py)
 SCENARIO = "Server"
 GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
 DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 5, "proposers": [], "numerics": []}
+NUMERICS_FOLDER = "05-numerics-"  # a numerics option's configuration: its arithmetic is not fp32's
 START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
 GROW, TOLERANCE = 1.25, 0.1
 TRIAL_SECONDS = 40  # a trial's arrivals last about this long ...
@@ -163,7 +166,7 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
     for i, option in enumerate(report["numerics"], 1):
         configs.append(
             Config(
-                f"05-numerics-{i}",
+                f"{NUMERICS_FOLDER}{i}",
                 option["name"],
                 f"engine setting {option['setting']} on",
                 last.label,
@@ -204,6 +207,45 @@ def run(command: list[str], what: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+def replay_command(system: str, benchmark: str, root: Path, runs_dir: Path, qps: float, engine: dict, logs: Path):
+    """`python -m harness.replay` of the traffic's arrivals at `qps`."""
+    return [
+        sys.executable,
+        *("-m", "harness.replay", "--system", system, "--benchmark", benchmark, "--root", str(root)),
+        *("--dataset", str(runs_dir / TRAFFIC), "--arrivals", str(runs_dir / ARRIVALS), "--qps", f"{qps:.4f}"),
+        *("--engine", json.dumps(engine), "--log-dir", str(logs)),
+    ]
+
+
+@dataclass
+class ReplayTrials:
+    """The search's run on a traffic sample with arrival times: a replay per rate (harness/replay.py),
+    in `folder`/NN-QPSqps/, judged as the report's LoadGen trials are, by the p99s against the limits."""
+
+    folder: Path
+    command: Callable[[float, Path], list[str]]
+    arrivals: int
+    log: Callable[[str], None] = print
+
+    def seconds(self, qps: float) -> float:
+        return (self.arrivals - 1) / qps + RUN_START_S
+
+    def __call__(self, qps: float) -> Trial:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        logs = self.folder / f"{sum(1 for p in self.folder.iterdir() if p.is_dir()) + 1:02d}-{qps:.3f}qps"
+        self.log(f"capacity: replaying at {qps:.3f} QPS (about {self.seconds(qps) / 60:.1f} min; logs in {logs})")
+        done = subprocess.run(self.command(qps, logs), capture_output=True, text=True)
+        if done.returncode != 0:
+            lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
+            raise CapacityError(
+                f"the replay at {qps:.3f} QPS failed: {' '.join(lines or done.stderr.splitlines()[-3:])}"
+            )
+        trial = trial_from_detail(qps, read_run(logs).detail, percentiles_only=True)
+        trial.logs = logs
+        self.log(f"capacity: {qps:.3f} QPS: {'pass' if trial.passed else 'FAIL'}: {trial.detail}")
+        return trial
+
+
 def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path) -> dict:
     return {
         "start_qps": start_qps,
@@ -213,6 +255,26 @@ def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path) -> d
         "summary": search.summary(),
         "trials": [t.record(runs_dir) for t in search.trials],
     }
+
+
+def samples_from(
+    system: System, benchmark: str, traffic: Path | None, runs_dir: Path, plan: dict
+) -> tuple[Dataset, list[float] | None]:
+    """The benchmark's dataset, or a user's traffic converted into runs_dir/TRAFFIC (said in `plan`)
+    with its arrival times where it has them."""
+    if traffic is None:
+        return load_dataset(system.datasets[benchmark]), None
+    from transformers import AutoTokenizer
+
+    from harness.traffic import TrafficError, convert, mean_interval_s
+
+    try:
+        arrivals = convert(traffic, AutoTokenizer.from_pretrained(system.model_for(benchmark)), runs_dir / TRAFFIC)
+    except TrafficError as e:
+        raise HarnessConfigError(str(e)) from None
+    interval = mean_interval_s(arrivals) if arrivals else None
+    plan["traffic"] = {"file": str(traffic), "mean_interval_s": interval, "replayed": interval is not None}
+    return load_dataset(runs_dir / TRAFFIC), arrivals if interval is not None else None
 
 
 def run_configurations(
@@ -233,23 +295,11 @@ def run_configurations(
     targets = bench.latency_limits_ms[SCENARIO]
     runs_dir.mkdir(parents=True, exist_ok=True)
     plan = {"system": system_name, "benchmark": benchmark, "targets_ms": list(targets)}
-    dataset_args: tuple = ()
-    if traffic is not None:
-        from transformers import AutoTokenizer
-
-        from harness.traffic import TrafficError, convert, mean_interval_s
-
-        try:
-            arrivals = convert(traffic, AutoTokenizer.from_pretrained(system.model_for(benchmark)), runs_dir / TRAFFIC)
-        except TrafficError as e:
-            raise HarnessConfigError(str(e)) from None
-        interval = mean_interval_s(arrivals) if arrivals else None
-        plan["traffic"] = {"file": str(traffic), "mean_interval_s": interval}
-        dataset_args = ("--dataset", runs_dir / TRAFFIC)
-        dataset = load_dataset(runs_dir / TRAFFIC)
-    else:
-        dataset = load_dataset(system.datasets[benchmark])
+    dataset, arrivals = samples_from(system, benchmark, traffic, runs_dir, plan)
+    dataset_args = ("--dataset", runs_dir / TRAFFIC) if traffic is not None else ()
     samples = plan["samples"] = min(report["samples"], len(dataset))
+    if arrivals:  # replayed: the first `samples` arrivals, request i sample i
+        (runs_dir / ARRIVALS).write_text(json.dumps(arrivals[:samples]) + "\n")
     configs = configurations(system, benchmark, max(map(len, dataset.input_ids)))
     (runs_dir / "offline.conf").write_text(offline_conf(bench.loadgen_name("Offline"), samples))
     for config in configs:
@@ -279,33 +329,40 @@ def run_configurations(
             f"({(clock() - start) / 60:.1f} min so far, {(deadline - clock()) / 60:.1f} left of the budget)"
         )
         offline = folder / "offline"
+        offline_run = ("--user-conf", runs_dir / "offline.conf", *engine, "--log-dir", offline)
         line = run(
-            harness_command(
-                system_name,
-                benchmark,
-                "Offline",
-                "performance",
-                root,
-                "--user-conf",
-                runs_dir / "offline.conf",
-                *engine,
-                "--log-dir",
-                offline,
-            ),
+            harness_command(system_name, benchmark, "Offline", "performance", root, *offline_run),
             f"{config.label}'s Offline run",
         )
         log(f"report:   {line}")
         samples_per_s = read_detail_log(offline / "mlperf_log_detail.txt")[0]["result_samples_per_second"]
-        trials = LoadGenTrials(
-            "",
-            bench.loadgen_name(SCENARIO),
-            folder / "server",
-            lambda conf, logs: harness_command(
-                system_name, benchmark, SCENARIO, "performance", root, "--user-conf", conf, *engine, "--log-dir", logs
-            ),
-            log=lambda line: log(f"report:   {line}"),
-            queries=lambda qps: trial_queries(qps, samples),
-        )
+        if arrivals:
+            trials = ReplayTrials(
+                folder / "server",
+                lambda qps, logs: replay_command(system_name, benchmark, root, runs_dir, qps, config.engine, logs),
+                samples,
+                log=lambda line: log(f"report:   {line}"),
+            )
+        else:
+            trials = LoadGenTrials(
+                "",
+                bench.loadgen_name(SCENARIO),
+                folder / "server",
+                lambda conf, logs: harness_command(
+                    system_name,
+                    benchmark,
+                    SCENARIO,
+                    "performance",
+                    root,
+                    "--user-conf",
+                    conf,
+                    *engine,
+                    "--log-dir",
+                    logs,
+                ),
+                log=lambda line: log(f"report:   {line}"),
+                queries=lambda qps: trial_queries(qps, samples),
+            )
 
         def trial(qps: float) -> Trial:
             result = trials(qps)

@@ -153,7 +153,7 @@ class RunConfig:
     benchmark: Benchmark
     scenario: str
     mode: str
-    user_conf: Path
+    user_conf: Path | None  # None: a run without LoadGen (harness/replay.py)
     log_dir: Path
     warmup: bool = True  # the engine's warm-up before LoadGen starts
     log_responses: bool = False  # every response in the accuracy log, in performance mode too (the report's runs)
@@ -169,11 +169,13 @@ class RunConfig:
         user_conf: Path | None = None,
         engine: dict | None = None,
         log_dir: Path | None = None,
+        loadgen: bool = True,
     ) -> "RunConfig":
         """`user_conf`: instead of the committed measurements/<system>/<benchmark>/<Scenario>/user.conf
         (harness.calibrate writes one for this machine). `engine`: settings over the system's for this
         run (one configuration of a comparison), checked like the file's; `log_dir`: instead of
-        build/logs/<system>/<benchmark>/<Scenario>/<mode>/, so such a run keeps the system's logs."""
+        build/logs/<system>/<benchmark>/<Scenario>/<mode>/, so such a run keeps the system's logs.
+        `loadgen` False: a run that reads no user.conf (harness/replay.py)."""
         if benchmark not in BENCHMARKS:
             raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
         if scenario not in SCENARIOS:
@@ -197,8 +199,9 @@ class RunConfig:
         reference = sys_config.accuracy_reference
         if mode == "accuracy" and reference is not None:
             _check_reference(reference, sys_config.datasets[benchmark], system)
-        user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
-        check_user_conf(user_conf)
+        if loadgen:
+            user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
+            check_user_conf(user_conf)
         if log_dir is not None and log_dir.exists() and not log_dir.is_dir():
             raise HarnessConfigError(f"--log-dir {log_dir} is a file, not a folder")
         log_dir = log_dir or root / "build" / "logs" / system / benchmark / scenario / mode

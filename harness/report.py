@@ -49,11 +49,12 @@ from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_dataset
 from accuracy.report import summarization_accuracy
-from harness.ablation import PEAKS, PLAN, SCENARIO, report_settings, run_configurations
+from harness.ablation import NUMERICS_FOLDER, PEAKS, PLAN, SCENARIO, report_settings, run_configurations
+from harness.capacity import CapacityError
 from harness.config import HarnessConfigError
 from harness.report_page import write_page
 from harness.roofline import bound
-from harness.run_logs import DETAIL_LOG, RunLogError, RunLogs, meets, read_run
+from harness.run_logs import DETAIL_LOG, REPLAY_LOG, RunLogError, RunLogs, meets, read_run
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
 
@@ -113,6 +114,7 @@ def figures_for(
     price: float | None,
     prompts: list[list[int]] | None,
     peaks: dict | None = None,
+    measured_arithmetic: bool = True,
 ) -> Figures:
     d = run.detail
     offline = run.scenario == "Offline"
@@ -134,7 +136,7 @@ def figures_for(
         d.get("result_perf_constraints_met") if not offline else None,
     )
     if run.record.get("busy_s") and peaks:
-        fig.bound = bound(run.record["busy_s"], peaks)
+        fig.bound = bound(run.record["busy_s"], peaks, measured_arithmetic)
     fig.ttfts_ms = [q.ttft_ns / 1e6 for q in run.queries]
     fig.tpots_ms = [q.tpot_ns / 1e6 for q in run.queries if q.tpot_ns is not None]
     good = run.goodput(*targets)
@@ -220,11 +222,14 @@ def configurations(
             raise RunLogError(f"{folder}: no Offline run (offline/) for the configuration {config['label']!r}")
         search = json.loads((folder / "capacity.json").read_text())
         trials = [(runs[top / t["logs"]], t) for t in search["trials"]]
-        trial_figs = [(run, figures_for(run, config["label"], targets, price, prompts, peaks)) for run, _ in trials]
+        exact = not config["folder"].startswith(NUMERICS_FOLDER)
+        trial_figs = [
+            (run, figures_for(run, config["label"], targets, price, prompts, peaks, exact)) for run, _ in trials
+        ]
         at = next((fig for (_, t), (_, fig) in zip(trials, trial_figs) if t["qps"] == search["capacity_qps"]), None)
         if at is None and search["capacity_qps"] is not None:
             raise RunLogError(f"{folder}: capacity.json names {search['capacity_qps']} QPS, but no trial ran at it")
-        off = figures_for(offline, config["label"], targets, price, prompts, peaks)
+        off = figures_for(offline, config["label"], targets, price, prompts, peaks, exact)
         off.quality = quality(offline, references, tokenizer) if tokenizer else {}
         out.append(
             {
@@ -278,7 +283,7 @@ def build(
     for top in folders:
         if not top.is_dir():
             raise RunLogError(f"{top}: not a folder")
-        paths = sorted(p.parent for p in top.rglob(DETAIL_LOG))
+        paths = sorted({p.parent for name in (DETAIL_LOG, REPLAY_LOG) for p in top.rglob(name)})
         if not paths:
             raise RunLogError(f"{top}: no LoadGen run under it (no {DETAIL_LOG})")
         found += [(top, path) for path in paths]
@@ -403,7 +408,7 @@ def main() -> None:
             run_configurations(args.system, args.benchmark, runs_dir, args.root, traffic=args.traffic)
             folders = [runs_dir]
         report = build(folders, args.out, targets, args.price_per_hour, args.root)
-    except (HarnessConfigError, RunLogError, DatasetError, SystemConfigError) as e:
+    except (HarnessConfigError, RunLogError, DatasetError, SystemConfigError, CapacityError) as e:
         sys.exit(f"error: report: {e}")
     print(f"report: {args.out / 'report.html'} ({len(report['figures'])} runs); {headline(report)}")
 

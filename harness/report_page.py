@@ -322,8 +322,10 @@ def conditions(report: dict) -> list[tuple[str, str]]:
     if traffic:
         interval = traffic["mean_interval_s"]
         used += f"; a user's traffic sample, {traffic['file']}, converted (harness/traffic.py). " + (
-            f"Its arrival times (a mean interval of {interval:.3f} s, {1 / interval:.3f} q/s) are not replayed: "
-            "LoadGen draws Poisson arrivals at each trial's rate"
+            f"Its arrival times (a mean interval of {interval:.3f} s, {1 / interval:.3f} q/s as sampled) are "
+            "replayed, scaled to each trial's mean rate (harness/replay.py; LoadGen follows no schedule but "
+            "Poisson arrivals), so the trials' latencies are the harness's, timed from each request's "
+            "scheduled arrival as LoadGen times them"
             if interval
             else "It has no arrival times: LoadGen draws Poisson arrivals at each trial's rate"
         )

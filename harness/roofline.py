@@ -55,19 +55,22 @@ def measure_peaks(device: str = "cpu", dtype: torch.dtype = torch.float32) -> di
     }
 
 
-def bound(busy: dict, peaks: dict) -> dict | None:
+def bound(busy: dict, peaks: dict, measured_arithmetic: bool = True) -> dict | None:
     """The least time the run's steps could have taken and what bounds it, against their busy time;
-    None where the run's record lacks the counts (an older run)."""
+    None where the run's record lacks the counts (an older run). Where the engine computes in other
+    arithmetic than the peak was measured in (`measured_arithmetic` False: int16 dot products, which
+    run faster than fp32's FMAs), the FLOPs bound nothing and the memory term alone is given."""
     if "min_bytes_read" not in busy or not peaks:
         return None
     memory_s = busy["min_bytes_read"] / (peaks["bandwidth_gbps"] * 1e9)
-    compute_s = busy["min_flops"] / (peaks["flops_tflops"] * 1e12)
+    compute_s = busy["min_flops"] / (peaks["flops_tflops"] * 1e12) if measured_arithmetic else 0.0
     busy_s = busy["prefill_s"] + busy["decode_s"]
     least = max(memory_s, compute_s)
     return {
         "bound_s": least,
         "busy_s": busy_s,
-        "bound_by": "memory" if memory_s >= compute_s else "compute",
+        "bound_by": ("memory" if memory_s >= compute_s else "compute")
+        + ("" if measured_arithmetic else " (no peak measured for its arithmetic)"),
         "share_of_bound": least / busy_s if busy_s else None,  # 1.0: running at the hardware's limit
         "gb_read": busy["min_bytes_read"] / 1e9,
         "gflop": busy["min_flops"] / 1e9,

@@ -117,9 +117,23 @@ def check_token_ids(dataset, model) -> None:
             )
 
 
-def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: RunFolder) -> tuple[str, str | None]:
+def sampling_params(cfg: RunConfig, dataset):
+    """The benchmark's generation settings, or per sample where a traffic sample gives each response's
+    length (each generated that long, at least 2: _run says why)."""
     from sut import SamplingParams
 
+    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
+    if dataset.output_tokens is None:
+        return params
+    return [
+        params
+        if n is None
+        else dataclasses.replace(params, max_tokens=max(2, n), min_tokens=max(2, n), ignore_eos=True)
+        for n in dataset.output_tokens
+    ]
+
+
+def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: RunFolder) -> tuple[str, str | None]:
     # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1).
     # With token latencies on, LoadGen (logging.cc, AsyncLog::RecordSampleCompletion) logs an
     # error_runtime "Number of tokens need to be greater than 1" for n_tokens == 1 (and for 0), then
@@ -129,14 +143,7 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     # vLLM, min_tokens 1 keeps EOS from being the first token, and the response holds the EOS that
     # ends it, so every response has at least 2 tokens unless only one fits in max_model_len: refused
     # here, before LoadGen starts.
-    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
-    if dataset.output_tokens is not None:  # a traffic sample's lengths: each response that long (at least 2)
-        params = [
-            params
-            if n is None
-            else dataclasses.replace(params, max_tokens=max(2, n), min_tokens=max(2, n), ignore_eos=True)
-            for n in dataset.output_tokens
-        ]
+    params = sampling_params(cfg, dataset)
     no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
     if no_room:
         raise HarnessConfigError(

@@ -20,6 +20,7 @@ from compliance.loadgen_logs import RUN_RECORD, read_detail_log
 from compliance.run_folder import RunFolderError, complete_run
 
 DETAIL_LOG = "mlperf_log_detail.txt"
+REPLAY_LOG = "replay.json"  # harness/replay.py's, in place of LoadGen's logs
 SAMPLE_EVENT = re.compile(
     r'^\{"name":"Sample","cat":"default","ph":"b",.*"ts":([0-9.]+),"args":\{"sample_seq":(\d+),'
     r'"query_seq":\d+,"sample_idx":(\d+),"issue_start_ns":(\d+),"complete_ns":(\d+)\}'
@@ -96,6 +97,8 @@ def meets(query: Query, ttft_ms: float, tpot_ms: float) -> bool:
 def read_run(folder: Path) -> RunLogs:
     """A complete run's folder (compliance/run_folder.py): a killed, failed or changed one is refused."""
     folder = Path(folder)
+    if (folder / REPLAY_LOG).is_file() and not (folder / DETAIL_LOG).is_file():
+        return read_replay(folder)
     if not (folder / DETAIL_LOG).is_file():
         raise RunLogError(f"{folder}: no {DETAIL_LOG} (not a LoadGen run's folder)")
     try:
@@ -157,6 +160,48 @@ def read_queries(folder: Path) -> list[Query]:
             query.tokens = entry["data"]
             query.num_tokens = entry["token_count"] if entry["token_count"] is not None else len(entry["data"])
     return queries
+
+
+def read_replay(folder: Path) -> RunLogs:
+    """A replay's folder (harness/replay.py) as a LoadGen Server run's: its queries, and the detail
+    LoadGen would have logged for them (its percentile rule, its p99 check against the limits)."""
+    try:
+        complete_run(folder, needs=(REPLAY_LOG,))
+        log = json.loads((folder / REPLAY_LOG).read_text())
+        record = json.loads((folder / RUN_RECORD).read_text()) if (folder / RUN_RECORD).is_file() else {}
+    except RunFolderError as e:
+        raise RunLogError(str(e)) from None
+    except ValueError as e:
+        raise RunLogError(f"{folder}: cannot read its logs ({e})") from None
+    queries = [
+        Query(i, q["sample"], q["ttft_ns"], q["latency_ns"], len(q["tokens"]), q["tokens"])
+        for i, q in enumerate(log["queries"])
+    ]
+    span_s = max(q["scheduled_ns"] + q["latency_ns"] for q in log["queries"]) / 1e9
+    tokens = sum(q.num_tokens for q in queries)
+    detail = {
+        "effective_scenario": "Server",
+        "effective_target_qps": log["qps"],
+        "result_query_count": len(queries),
+        "result_completed_samples_per_sec": len(queries) / span_s,
+        "result_completed_tokens_per_second": tokens / span_s,
+        "result_validity": "n/a (a replay, not LoadGen)",
+    }
+    tpots = [q.tpot_ns for q in queries if q.tpot_ns is not None]
+    for p, key in ((0.5, "50.00"), (0.9, "90.00"), (0.99, "99.00")):
+        detail[f"result_first_token_{key}_percentile_latency_ns"] = loadgen_percentile([q.ttft_ns for q in queries], p)
+        detail[f"result_{key}_percentile_latency_ns"] = loadgen_percentile([q.latency_ns for q in queries], p)
+        if tpots:
+            detail[f"result_time_per_output_token_{key}_percentile_ns"] = loadgen_percentile(tpots, p)
+    ttft_ms, tpot_ms = log["limits_ms"]
+    detail["result_perf_constraints_met"] = (
+        detail["result_first_token_99.00_percentile_latency_ns"] <= (ttft_ms * 1e6)
+        and detail.get("result_time_per_output_token_99.00_percentile_ns", 0) <= tpot_ms * 1e6
+    )
+    run = RunLogs(folder, detail, record, queries)
+    for q in queries:
+        run.responses.setdefault(q.qsl_idx, q.tokens)
+    return run
 
 
 def loadgen_percentile(values: list[float], percentile: float) -> float:

@@ -12,9 +12,9 @@ The file is JSON Lines, one request per line:
 
 `convert` writes it in the benchmark's dataset form (accuracy/dataset.py: `tok_input`, `output`,
 `output_tokens`) for `harness run --dataset`, and returns the arrival times where every line has one.
-LoadGen draws each trial's arrivals as a Poisson process at the trial's rate and cannot follow
-another schedule, so the report's runs on a traffic sample draw Poisson arrivals at the rates the
-search tries, with the sample's mean interval stated beside them; the page says which it did.
+With them, the report's capacity search replays the sequence scaled to each rate it tries
+(harness/replay.py: LoadGen draws Poisson arrivals and follows no other schedule); without them,
+its LoadGen trials draw Poisson arrivals. The page says which.
 """
 
 import json

@@ -472,3 +472,6 @@ def test_the_bound_is_the_larger_of_memory_and_compute_time():
     b = bound({**busy, "min_flops": 3e11}, peaks)
     assert (b["bound_s"], b["bound_by"]) == (3.0, "compute")
     assert bound({"prefill_s": 1.0, "decode_s": 3.0}, peaks) is None  # a run from before the counts
+    # Arithmetic the peak was not measured in (int16 dot products): the memory term alone.
+    b = bound({**busy, "min_flops": 3e11}, peaks, measured_arithmetic=False)
+    assert (b["bound_s"], b["bound_by"]) == (2.0, "memory (no peak measured for its arithmetic)")

@@ -9,7 +9,10 @@ import sys
 import pytest
 
 from accuracy.dataset import load_dataset
+from harness.replay import scaled_arrivals
+from harness.run_logs import loadgen_percentile, read_run
 from harness.traffic import EXAMPLE, TrafficError, convert, mean_interval_s, read_lines
+from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
 from tests.helpers import SMOLLM2_DIR, tiny_model_and_dataset
 
@@ -66,30 +69,45 @@ def test_an_empty_or_missing_file_is_refused(tmp_path):
         read_lines(tmp_path / "empty.jsonl")
 
 
-def test_a_run_on_the_traffic_generates_each_response_to_its_given_length(tiny_llama, tokenizer, tmp_path):
-    model_dir, _, _, dataset = tiny_model_and_dataset(tiny_llama[0], tmp_path, 4, seed=3)
-    (tmp_path / "systems").mkdir()
+LENGTHS = [json.loads(line)["output_tokens"] for line in EXAMPLE.read_text().splitlines()]
+ARRIVALS = [json.loads(line)["arrival_s"] for line in EXAMPLE.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tiny_llama, tmp_path_factory):
+    """A repository-like folder with the tiny system, and the example's traffic in token ids the tiny
+    model knows (its vocabulary is 256), with the example's lengths and arrival times."""
+    root = tmp_path_factory.mktemp("traffic-repo")
+    model_dir, _, _, dataset = tiny_model_and_dataset(tiny_llama[0], root, 4, seed=3)
+    (root / "systems").mkdir()
     system = {
         "division": "open",
         "saaf_harness": {
             "model": str(model_dir),
             "datasets": {"llama3.1-8b": str(dataset)},
             "engine": {"num_kv_blocks": 512},
-            "scenarios": ["Offline"],
+            "scenarios": ["Offline", "Server"],
             "demo": True,
+            "report": {"samples": 12, "max_trials": 2, "price_per_hour": 1.0},
         },
     }
-    (tmp_path / "systems" / "tiny.json").write_text(json.dumps(system))
-    # Token ids the tiny model knows (its vocabulary is 256), lengths of the example's.
-    lengths = [json.loads(line)["output_tokens"] for line in EXAMPLE.read_text().splitlines()]
-    traffic = tmp_path / "traffic.jsonl"
+    (root / "systems" / "tiny.json").write_text(json.dumps(system))
+    traffic = root / "traffic.jsonl"
     traffic.write_text(
         "".join(
-            json.dumps({"prompt_token_ids": [(7 * i + j) % 250 + 1 for j in range(5 + i)], "output_tokens": n}) + "\n"
-            for i, n in enumerate(lengths)
+            json.dumps(
+                {"prompt_token_ids": [(7 * i + j) % 250 + 1 for j in range(5 + i)], "output_tokens": n, "arrival_s": a}
+            )
+            + "\n"
+            for i, (n, a) in enumerate(zip(LENGTHS, ARRIVALS))
         )
     )
-    assert convert(traffic, tokenizer, tmp_path / "traffic.json") is None  # no arrival times
+    return root, traffic
+
+
+def test_a_run_on_the_traffic_generates_each_response_to_its_given_length(tiny_root, tokenizer, tmp_path):
+    root, traffic = tiny_root
+    assert convert(traffic, tokenizer, tmp_path / "traffic.json") == ARRIVALS
     conf = tmp_path / "user.conf"
     conf.write_text(
         "llama3_1-8b.Offline.min_duration = 0\nllama3_1-8b.Offline.min_query_count = 12\n"
@@ -100,7 +118,7 @@ def test_a_run_on_the_traffic_generates_each_response_to_its_given_length(tiny_l
     done = subprocess.run(
         [
             sys.executable,
-            *("-m", "harness", "run", "--system", "tiny", "--root", str(tmp_path), "--scenario", "Offline"),
+            *("-m", "harness", "run", "--system", "tiny", "--root", str(root), "--scenario", "Offline"),
             *("--user-conf", str(conf), "--dataset", str(tmp_path / "traffic.json"), "--log-dir", str(logs)),
             "--log-responses",
         ],
@@ -111,5 +129,82 @@ def test_a_run_on_the_traffic_generates_each_response_to_its_given_length(tiny_l
     assert done.returncode == 0, done.stderr[-2000:]
     entries = json.loads((logs / "mlperf_log_accuracy.json").read_text())
     assert sorted(e["qsl_idx"] for e in entries) == list(range(12))
-    assert all(e["token_count"] == lengths[e["qsl_idx"]] for e in entries)
+    assert all(e["token_count"] == LENGTHS[e["qsl_idx"]] for e in entries)
     assert json.loads((logs / "run.json").read_text())["dataset"] == str(tmp_path / "traffic.json")
+
+
+def test_arrivals_are_scaled_to_the_mean_rate_asked_for():
+    times = scaled_arrivals([10.0, 10.5, 10.6, 13.0], 2.0)  # 3 intervals over 3 s: 1 q/s as sampled
+    assert times == pytest.approx([0.0, 0.25, 0.3, 1.5])
+    with pytest.raises(ValueError, match="at least two arrival times"):
+        scaled_arrivals([1.0], 1.0)
+
+
+def test_a_replay_issues_each_request_at_its_scaled_time_and_is_read_as_a_loadgen_run(tiny_root, tokenizer, tmp_path):
+    root, traffic = tiny_root
+    convert(traffic, tokenizer, tmp_path / "traffic.json")
+    (tmp_path / "arrivals.json").write_text(json.dumps(ARRIVALS))
+    logs = tmp_path / "replay"
+    done = subprocess.run(
+        [
+            sys.executable,
+            *(
+                "-m",
+                "harness.replay",
+                "--system",
+                "tiny",
+                "--root",
+                str(root),
+                "--dataset",
+                str(tmp_path / "traffic.json"),
+            ),
+            *("--arrivals", str(tmp_path / "arrivals.json"), "--qps", "4", "--log-dir", str(logs)),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    log = json.loads((logs / "replay.json").read_text())
+    expected = scaled_arrivals(ARRIVALS, 4.0)
+    assert [q["scheduled_ns"] for q in log["queries"]] == [round(t * 1e9) for t in expected]
+    assert [q["sample"] for q in log["queries"]] == list(range(12))
+    assert [len(q["tokens"]) for q in log["queries"]] == LENGTHS  # every request answered, at its length
+    assert all(0 < q["ttft_ns"] <= q["latency_ns"] for q in log["queries"])
+    run = read_run(logs)
+    ttfts = [q["ttft_ns"] for q in log["queries"]]
+    tpots = [(q["latency_ns"] - q["ttft_ns"]) / (len(q["tokens"]) - 1) for q in log["queries"]]
+    assert run.detail["result_first_token_99.00_percentile_latency_ns"] == loadgen_percentile(ttfts, 0.99)
+    assert run.detail["result_time_per_output_token_99.00_percentile_ns"] == loadgen_percentile(tpots, 0.99)
+    limits = BENCHMARKS["llama3.1-8b"].latency_limits_ms["Server"]
+    assert run.detail["result_perf_constraints_met"] == (
+        loadgen_percentile(ttfts, 0.99) <= limits[0] * 1e6 and loadgen_percentile(tpots, 0.99) <= limits[1] * 1e6
+    )
+    end_s = max(q["scheduled_ns"] + q["latency_ns"] for q in log["queries"]) / 1e9
+    assert run.duration_s == pytest.approx(end_s)
+    assert run.goodput(*limits)[0] == sum(
+        1 for t, p in zip(ttfts, tpots) if t <= limits[0] * 1e6 and p <= limits[1] * 1e6
+    )
+
+
+def test_the_report_on_traffic_with_arrival_times_searches_by_replays(tiny_root, tmp_path):
+    root, traffic = tiny_root
+    out = tmp_path / "report"
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.report", "--system", "tiny", "--root", str(root), "--out", str(out)]
+        + ["--traffic", str(traffic)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["traffic"]["replayed"] and report["traffic"]["mean_interval_s"] == pytest.approx(6.3 / 11)
+    for config in report["configurations"]:
+        search = json.loads((out / "runs" / config["folder"] / "capacity.json").read_text())
+        assert len(search["trials"]) == 2
+        for trial in search["trials"]:
+            log = json.loads((out / "runs" / trial["logs"] / "replay.json").read_text())
+            assert log["qps"] == pytest.approx(trial["qps"], rel=1e-3)
+            assert [len(q["tokens"]) for q in log["queries"]] == LENGTHS
+    assert "are replayed, scaled to each trial's mean rate" in (out / "report.md").read_text()
