@@ -70,7 +70,14 @@ def replay(cfg: RunConfig, arrivals_s: list[float], qps: float) -> str:
                 if finished[0] == len(queries):
                     loop.stop()
 
-        loop = EngineLoop(engine, on_finish, on_fatal=lambda error: (errors.append(str(error)), loop.stop()))
+        stopped = threading.Event()  # a dead worker or a refused request: the run ends, nothing more is added
+
+        def end(error: str) -> None:
+            errors.append(error)
+            stopped.set()
+            loop.stop()
+
+        loop = EngineLoop(engine, on_finish, on_fatal=lambda error: end(str(error)))
         start_ns = time.perf_counter_ns() + round(LEAD_S * 1e9)
 
         def first_token(i: int):
@@ -83,11 +90,14 @@ def replay(cfg: RunConfig, arrivals_s: list[float], qps: float) -> str:
 
         def issue() -> None:
             for i, q in enumerate(queries):
-                delay = (start_ns + q["scheduled_ns"] - time.perf_counter_ns()) / 1e9
-                if delay > 0:
-                    time.sleep(delay)
+                if stopped.wait(max(0.0, (start_ns + q["scheduled_ns"] - time.perf_counter_ns()) / 1e9)):
+                    return
                 p = params[q["sample"]] if isinstance(params, list) else params
-                engine.add_request(dataset.input_ids[q["sample"]], p, request_id=i, on_token=first_token(i))
+                try:
+                    engine.add_request(dataset.input_ids[q["sample"]], p, request_id=i, on_token=first_token(i))
+                except Exception as e:  # noqa: BLE001 - refused up front: the run ends with it, no hang
+                    end(f"request {i} (sample {q['sample']}): {e}")
+                    return
                 loop.wake()
 
         thread = threading.Thread(target=issue, daemon=True)
@@ -101,11 +111,11 @@ def replay(cfg: RunConfig, arrivals_s: list[float], qps: float) -> str:
     finally:
         engine.close()
     limits = cfg.benchmark.latency_limits_ms["Server"]
-    log = {"qps": qps, "limits_ms": list(limits), "arrivals_s": arrivals_s, "queries": queries}
-    (cfg.log_dir / REPLAY_LOG).write_text(json.dumps(log) + "\n")
     if errors:
         folder.fail(f"{len(errors)} requests failed (the first: {errors[0]})")
-        raise HarnessConfigError(f"replay: {len(errors)} requests failed (the first: {errors[0]})")
+        raise HarnessConfigError(f"{len(errors)} requests failed (the first: {errors[0]})")
+    log = {"qps": qps, "limits_ms": list(limits), "arrivals_s": arrivals_s, "queries": queries}
+    (cfg.log_dir / REPLAY_LOG).write_text(json.dumps(log) + "\n")
     summary = f"Server replay of {len(queries)} arrivals at {qps:.3f} q/s; logs in {cfg.log_dir}"
     folder.complete(summary)
     return summary

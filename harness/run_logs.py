@@ -17,7 +17,7 @@ from pathlib import Path
 
 from accuracy.accuracy_log import read_accuracy_entries
 from compliance.loadgen_logs import RUN_RECORD, read_detail_log
-from compliance.run_folder import RunFolderError, complete_run
+from compliance.run_folder import STATUS_FILE, RunFolderError, complete_run
 
 DETAIL_LOG = "mlperf_log_detail.txt"
 REPLAY_LOG = "replay.json"  # harness/replay.py's, in place of LoadGen's logs
@@ -100,6 +100,11 @@ def read_run(folder: Path) -> RunLogs:
     if (folder / REPLAY_LOG).is_file() and not (folder / DETAIL_LOG).is_file():
         return read_replay(folder)
     if not (folder / DETAIL_LOG).is_file():
+        if (folder / STATUS_FILE).is_file():  # a run's folder without its logs: say what became of the run
+            try:
+                complete_run(folder)
+            except RunFolderError as e:
+                raise RunLogError(str(e)) from None
         raise RunLogError(f"{folder}: no {DETAIL_LOG} (not a LoadGen run's folder)")
     try:
         complete_run(folder, needs=(DETAIL_LOG,))

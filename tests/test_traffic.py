@@ -10,7 +10,7 @@ import pytest
 
 from accuracy.dataset import load_dataset
 from harness.replay import scaled_arrivals
-from harness.run_logs import loadgen_percentile, read_run
+from harness.run_logs import RunLogError, loadgen_percentile, read_run
 from harness.traffic import EXAMPLE, TrafficError, convert, mean_interval_s, read_lines
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
@@ -208,3 +208,39 @@ def test_the_report_on_traffic_with_arrival_times_searches_by_replays(tiny_root,
             assert log["qps"] == pytest.approx(trial["qps"], rel=1e-3)
             assert [len(q["tokens"]) for q in log["queries"]] == LENGTHS
     assert "are replayed, scaled to each trial's mean rate" in (out / "report.md").read_text()
+
+
+def test_a_refused_request_ends_the_replay_with_an_error_naming_it(tiny_root, tokenizer, tmp_path):
+    root, _ = tiny_root
+    traffic = tmp_path / "traffic.jsonl"
+    lengths = [(5, 0.0), (400, 0.1), (5, 0.2)]  # the second prompt is longer than the tiny model's 256 positions
+    traffic.write_text(
+        "".join(
+            json.dumps({"prompt_token_ids": [3] * n, "output_tokens": 4, "arrival_s": a}) + "\n" for n, a in lengths
+        )
+    )
+    arrivals = convert(traffic, tokenizer, tmp_path / "traffic.json")
+    (tmp_path / "arrivals.json").write_text(json.dumps(arrivals))
+    done = subprocess.run(
+        [
+            sys.executable,
+            *(
+                "-m",
+                "harness.replay",
+                "--system",
+                "tiny",
+                "--root",
+                str(root),
+                "--dataset",
+                str(tmp_path / "traffic.json"),
+            ),
+            *("--arrivals", str(tmp_path / "arrivals.json"), "--qps", "10", "--log-dir", str(tmp_path / "replay")),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
+    assert done.returncode != 0 and "error: replay:" in done.stderr and "request 1" in done.stderr, done.stderr[-2000:]
+    with pytest.raises(RunLogError, match="failed"):
+        read_run(tmp_path / "replay")
