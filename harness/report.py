@@ -14,6 +14,8 @@ Where each figure comes from (the page says it too):
   bisection; harness/capacity.py); the lowest rate that failed above it is given beside it. A
   report trial is short (its queries are given) and is not judged by early stopping, which needs
   460 queries or more: `make submission`'s search is, and its capacity is the one MLPerf scores.
+  With 100 queries or fewer LoadGen's p99 is the slowest query, so one slow first token fails a
+  trial: two runs of the same configuration can find capacities a third apart.
 - TTFT and TPOT p50/p99, tokens/s and completed queries/s: LoadGen's detail log of the run at the
   capacity, as LoadGen computed them.
 - Goodput (DistServe's definition): the queries that met both the TTFT and the TPOT target, per
