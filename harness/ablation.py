@@ -33,7 +33,15 @@ from pathlib import Path
 from accuracy.dataset import Dataset, load_dataset
 from compliance.loadgen_logs import read_detail_log
 from compliance.submission import RUN_START_S, harness_command
-from harness.capacity import CapacityError, CapacitySearch, LoadGenTrials, Trial, search_capacity, trial_from_detail
+from harness.capacity import (
+    CapacitySearch,
+    LoadGenTrials,
+    Trial,
+    run_trial,
+    search_capacity,
+    trial_from_detail,
+    why_failed,
+)
 from harness.config import HarnessConfigError, RunConfig
 from harness.run_logs import read_run
 from systems.benchmarks import BENCHMARKS
@@ -200,10 +208,7 @@ def run(command: list[str], what: str) -> str:
     """Run one `harness run`; its last line, or HarnessConfigError naming `what` with its error."""
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
-        errors = [line for line in done.stderr.splitlines() if line.startswith("error")] or done.stderr.splitlines()[
-            -3:
-        ]
-        raise HarnessConfigError(f"{what} failed: {' '.join(errors)}")
+        raise HarnessConfigError(f"{what} failed: {why_failed(done.stderr)}")
     return done.stdout.strip().splitlines()[-1]
 
 
@@ -234,12 +239,7 @@ class ReplayTrials:
         self.folder.mkdir(parents=True, exist_ok=True)
         logs = self.folder / f"{sum(1 for p in self.folder.iterdir() if p.is_dir()) + 1:02d}-{qps:.3f}qps"
         self.log(f"capacity: replaying at {qps:.3f} QPS (about {self.seconds(qps) / 60:.1f} min; logs in {logs})")
-        done = subprocess.run(self.command(qps, logs), capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
-            raise CapacityError(
-                f"the replay at {qps:.3f} QPS failed: {' '.join(lines or done.stderr.splitlines()[-3:])}"
-            )
+        run_trial(self.command(qps, logs), f"the replay at {qps:.3f} QPS")
         trial = trial_from_detail(qps, read_run(logs).detail, percentiles_only=True)
         trial.logs = logs
         self.log(f"capacity: {qps:.3f} QPS: {'pass' if trial.passed else 'FAIL'}: {trial.detail}")

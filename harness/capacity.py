@@ -148,6 +148,19 @@ def search_capacity(
     return found
 
 
+def why_failed(stderr: str) -> str:
+    """A failed run's reason: its `error` lines, else the last lines it printed."""
+    lines = stderr.splitlines()
+    return " ".join([line for line in lines if line.startswith("error")] or lines[-3:])
+
+
+def run_trial(command: list[str], what: str) -> None:
+    """Run one trial's command; CapacityError naming `what` and why, where it fails."""
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CapacityError(f"{what} failed: {why_failed(done.stderr)}")
+
+
 def trial_conf(
     conf_text: str,
     loadgen_model: str,
@@ -237,10 +250,7 @@ class LoadGenTrials:
         conf, logs = self.folder / f"{name}.conf", self.folder / name
         conf.write_text(self.conf(qps))
         self.log(f"capacity: trying {qps:.3f} QPS (about {self.seconds(qps) / 60:.1f} min; logs in {logs})")
-        done = subprocess.run(self.command(conf, logs), capture_output=True, text=True)
-        if done.returncode != 0:
-            lines = [line for line in done.stderr.splitlines() if line.startswith("error")]
-            raise CapacityError(f"the run at {qps:.3f} QPS failed: {' '.join(lines or done.stderr.splitlines()[-3:])}")
+        run_trial(self.command(conf, logs), f"the run at {qps:.3f} QPS")
         detail, _ = read_detail_log(logs / "mlperf_log_detail.txt")
         trial = trial_from_detail(qps, detail, percentiles_only=self.queries is not None)
         trial.logs = logs

@@ -140,30 +140,25 @@ def test_arrivals_are_scaled_to_the_mean_rate_asked_for():
         scaled_arrivals([1.0], 1.0)
 
 
-def test_a_replay_issues_each_request_at_its_scaled_time_and_is_read_as_a_loadgen_run(tiny_root, tokenizer, tmp_path):
-    root, traffic = tiny_root
-    convert(traffic, tokenizer, tmp_path / "traffic.json")
-    (tmp_path / "arrivals.json").write_text(json.dumps(ARRIVALS))
-    logs = tmp_path / "replay"
-    done = subprocess.run(
-        [
-            sys.executable,
-            *(
-                "-m",
-                "harness.replay",
-                "--system",
-                "tiny",
-                "--root",
-                str(root),
-                "--dataset",
-                str(tmp_path / "traffic.json"),
-            ),
-            *("--arrivals", str(tmp_path / "arrivals.json"), "--qps", "4", "--log-dir", str(logs)),
-        ],
+def run_replay(root, folder, arrivals, qps):
+    """`python -m harness.replay` of folder/traffic.json at `arrivals` scaled to `qps`, into folder/replay."""
+    (folder / "arrivals.json").write_text(json.dumps(arrivals))
+    return subprocess.run(
+        [sys.executable, "-m", "harness.replay", "--system", "tiny", "--root", str(root)]
+        + ["--dataset", str(folder / "traffic.json"), "--arrivals", str(folder / "arrivals.json")]
+        + ["--qps", str(qps), "--log-dir", str(folder / "replay")],
         capture_output=True,
         text=True,
         cwd=REPO,
+        timeout=300,
     )
+
+
+def test_a_replay_issues_each_request_at_its_scaled_time_and_is_read_as_a_loadgen_run(tiny_root, tokenizer, tmp_path):
+    root, traffic = tiny_root
+    convert(traffic, tokenizer, tmp_path / "traffic.json")
+    logs = tmp_path / "replay"
+    done = run_replay(root, tmp_path, ARRIVALS, 4)
     assert done.returncode == 0, done.stderr[-2000:]
     log = json.loads((logs / "replay.json").read_text())
     expected = scaled_arrivals(ARRIVALS, 4.0)
@@ -219,28 +214,7 @@ def test_a_refused_request_ends_the_replay_with_an_error_naming_it(tiny_root, to
             json.dumps({"prompt_token_ids": [3] * n, "output_tokens": 4, "arrival_s": a}) + "\n" for n, a in lengths
         )
     )
-    arrivals = convert(traffic, tokenizer, tmp_path / "traffic.json")
-    (tmp_path / "arrivals.json").write_text(json.dumps(arrivals))
-    done = subprocess.run(
-        [
-            sys.executable,
-            *(
-                "-m",
-                "harness.replay",
-                "--system",
-                "tiny",
-                "--root",
-                str(root),
-                "--dataset",
-                str(tmp_path / "traffic.json"),
-            ),
-            *("--arrivals", str(tmp_path / "arrivals.json"), "--qps", "10", "--log-dir", str(tmp_path / "replay")),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=300,
-    )
+    done = run_replay(root, tmp_path, convert(traffic, tokenizer, tmp_path / "traffic.json"), 10)
     assert done.returncode != 0 and "error: replay:" in done.stderr and "request 1" in done.stderr, done.stderr[-2000:]
     with pytest.raises(RunLogError, match="failed"):
         read_run(tmp_path / "replay")
