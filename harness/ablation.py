@@ -15,7 +15,8 @@ Each configuration gets, in its folder under the runs folder:
 - `server/`: the capacity search (harness/capacity.py) at the latency targets, from START_SHARE of
   the Offline run's samples/s, LoadGen Server runs of `trial_queries(rate)` queries each (each a
   different sample), judged by LoadGen's p99 check; a failed trial hints the next rate down by its
-  goodput. Every response is logged (`harness run --log-responses`), so each trial gives its
+  goodput, and the lowest rate failed above a pass is run again (RETRIES) before the search goes
+  below it. Every response is logged (`harness run --log-responses`), so each trial gives its
   goodput and cost as well as its latencies;
 - `capacity.json`: the search's account.
 The searches share `report.budget_min`: each configuration gets an equal share of what is left
@@ -53,10 +54,13 @@ ARRIVALS = "arrivals.json"  # in the runs folder: a traffic sample's arrival tim
 PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/roofline.py)
 SCENARIO = "Server"
 GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
-DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 5, "proposers": [], "numerics": []}
+DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 6, "proposers": [], "numerics": []}
 NUMERICS_FOLDER = "05-numerics-"  # a numerics option's configuration: its arithmetic is not fp32's
 START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
 GROW, TOLERANCE = 1.25, 0.1
+# The bracket's top is run once more before the search goes below it: a short trial's p99 is its
+# slowest query or two, which one stall of a shared machine can spoil (measurements/README.md).
+RETRIES = 1
 TRIAL_SECONDS = 40  # a trial's arrivals last about this long ...
 MIN_TRIAL_QUERIES = 40  # ... but it has at least this many queries (and at most report.samples)
 
@@ -380,7 +384,9 @@ def run_configurations(
             )
 
         start_qps = START_SHARE * samples_per_s
-        search = search_capacity(trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable)
+        search = search_capacity(
+            trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable, retries=RETRIES
+        )
         log(f"report:   {config.label}: {search.summary()}")
         (folder / "capacity.json").write_text(json.dumps(search_record(search, start_qps, runs_dir), indent=2) + "\n")
     log(f"report: {len(configs)} configurations in {(clock() - start) / 60:.1f} min")

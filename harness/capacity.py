@@ -21,7 +21,8 @@ rate found (harness/calibrate.py's RUN_SHARE).
 The report's trials (harness/ablation.py) are shorter still, to search every configuration in its
 budget: a set number of queries, each a different sample, judged by LoadGen's p99 check alone
 (early stopping cannot pass under EARLY_STOPPING_QUERIES); a failed one hints the rate at which its
-queries met the targets, where the search goes next on its way down (never more than MAX_DROP lower).
+queries met the targets, where the search goes next on its way down (never more than MAX_DROP lower),
+and the search retries its bracket's top once (`retries`), since one stall spoils a short trial.
 """
 
 import math
@@ -91,53 +92,57 @@ def search_capacity(
     grow: float = 2.0,
     min_qps: float = 1e-3,
     affordable: Callable[[float], str | None] = lambda qps: None,
+    retries: int = 0,
 ) -> CapacitySearch:
     """The highest rate `run` passes, to within `tolerance` (failed / passed - 1) where `max_runs`
     allow; `min_qps` ends a search down that never passes, `affordable(qps)` (why a run at that
-    rate does not fit the time left, or None) any search before a run it cannot pay for."""
-    if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1:
-        raise ValueError("search_capacity: start_qps > 0, grow > 1, tolerance > 0 and max_runs >= 1 are needed")
+    rate does not fit the time left, or None) any search before a run it cannot pay for. With
+    `retries`, the bracket's top (the lowest rate that failed above one that passed) is run again up
+    to that many times before the search goes on below it: a rate passes when any of its runs does,
+    as a rate at which a VALID run exists (a submitter reruns a run a passing stall spoilt)."""
+    if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1 or retries < 0:
+        raise ValueError(
+            "search_capacity: start_qps > 0, grow > 1, tolerance > 0, max_runs >= 1 and retries >= 0 are needed"
+        )
     found = CapacitySearch()
 
-    def trial(qps: float) -> bool | None:
+    def next_rate() -> float | None:
+        """The next rate to run, or None where the search is done; sets found.stopped where it ends early."""
+        if not found.trials:
+            return start_qps
+        last = found.trials[-1]
+        if found.passed_qps is None:  # down while failing (at most MAX_DROP at once where a run hints lower)
+            qps = (
+                last.qps / grow
+                if last.hint_qps is None
+                else max(min(last.hint_qps, last.qps / grow), last.qps / MAX_DROP)
+            )
+            if qps < min_qps:
+                found.stopped = f"the next rate, {qps:.4f} QPS, is under the lowest tried ({min_qps} QPS)"
+                return None
+            return qps
+        if found.failed_qps is None:  # up while passing
+            return found.passed_qps * grow
+        if sum(1 for t in found.trials if t.qps == found.failed_qps) <= retries:
+            return found.failed_qps
+        if found.failed_qps / found.passed_qps - 1 > tolerance:  # bisect in ratio: the tolerance is a ratio
+            return math.sqrt(found.passed_qps * found.failed_qps)
+        return None
+
+    while len(found.trials) < max_runs:
+        qps = next_rate()
+        if qps is None:
+            break
         too_long = affordable(qps)
         if too_long:
             found.stopped = too_long
-            return None
-        result = run(qps)
-        found.trials.append(result)
-        if result.passed and (found.passed_qps is None or qps > found.passed_qps):
-            found.passed_qps = qps
-        if not result.passed and (found.failed_qps is None or qps < found.failed_qps):
-            found.failed_qps = qps
-        return result.passed
-
-    qps = start_qps
-    passed = trial(qps)
-    # Bracket: up while passing, down while failing (at most MAX_DROP at once where a run hints lower).
-    while (
-        passed is not None and len(found.trials) < max_runs and (found.passed_qps is None or found.failed_qps is None)
-    ):
-        hint = found.trials[-1].hint_qps
-        if passed:
-            qps *= grow
-        elif hint is not None:
-            qps = max(min(hint, qps / grow), qps / MAX_DROP)
-        else:
-            qps /= grow
-        if qps < min_qps:
-            found.stopped = f"the next rate, {qps:.4f} QPS, is under the lowest tried ({min_qps} QPS)"
             break
-        passed = trial(qps)
-    # Bisect in ratio: rates span orders of magnitude, and the tolerance is a ratio.
-    while (
-        passed is not None
-        and len(found.trials) < max_runs
-        and found.passed_qps is not None
-        and found.failed_qps is not None
-        and found.failed_qps / found.passed_qps - 1 > tolerance
-    ):
-        passed = trial(math.sqrt(found.passed_qps * found.failed_qps))
+        found.trials.append(run(qps))
+        passing = [t.qps for t in found.trials if t.passed]
+        found.passed_qps = max(passing, default=None)
+        # Above the highest pass, the rates none of whose runs passed: the bracket's top is the lowest.
+        failing = {t.qps for t in found.trials if found.passed_qps is None or t.qps > found.passed_qps}
+        found.failed_qps = min(failing, default=None)
     narrowed = (
         found.passed_qps is not None
         and found.failed_qps is not None

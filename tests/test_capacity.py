@@ -65,10 +65,39 @@ def test_a_failed_runs_hint_sets_the_next_rate_down_within_bounds(hint, expected
     assert found.trials[0].hint_qps == hint
 
 
+def test_a_retry_at_the_brackets_top_sees_past_one_stalled_run():
+    # Capacity 2.5, but the first run at 2.0 fails (a stall): a rate passes when any of its runs does.
+    tried = []
+
+    def run(qps: float) -> Trial:
+        tried.append(qps)
+        return Trial(qps, qps <= 2.5 and tried != [2.0])
+
+    found = search_capacity(run, 2.0, tolerance=0.1, max_runs=20, grow=1.25, retries=1)
+    assert found.passed_qps <= 2.5 < found.failed_qps and found.failed_qps / found.passed_qps - 1 <= 0.1
+    assert tried[:3] == [2.0, 1.6, 2.0]  # down past the stall, then its rate again: the bracket's top
+    failed_above = [q for q in tried if q > 2.5]
+    assert failed_above and all(tried.count(q) == 2 for q in failed_above)  # each real failure run twice
+    assert all(t.passed == (t.qps <= 2.5) for t in found.trials[1:])
+    # Without retries the stall stands: the capacity stays under the stalled rate.
+    tried.clear()
+    found = search_capacity(run, 2.0, tolerance=0.1, max_runs=20, grow=1.25)
+    assert found.passed_qps < 2.0 == found.failed_qps and tried.count(2.0) == 1
+
+
+def test_retries_spend_the_run_budget_too():
+    run, tried = runs_of_capacity(2.5)
+    found = search_capacity(run, 2.0, tolerance=0.01, max_runs=4, grow=1.25, retries=2)
+    assert tried == [2.0, 2.5, 3.125, 3.125] and "4 runs allowed were spent" in found.stopped
+    assert (found.passed_qps, found.failed_qps) == (2.5, 3.125)
+
+
 def test_bad_search_settings_are_refused():
     run, _ = runs_of_capacity(1.0)
     with pytest.raises(ValueError, match="start_qps > 0"):
         search_capacity(run, 0.0)
+    with pytest.raises(ValueError, match="retries >= 0"):
+        search_capacity(run, 1.0, retries=-1)
 
 
 # The search on real LoadGen runs: a fake engine of known service time (tests/fake_queue_server.py,
