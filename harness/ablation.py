@@ -15,9 +15,9 @@ Each configuration gets, in its folder under the runs folder:
 - `server/`: the capacity search (harness/capacity.py) at the latency targets, from START_SHARE of
   the Offline run's samples/s, LoadGen Server runs of `trial_queries(rate)` queries each (each a
   different sample), judged by LoadGen's p99 check; a failed trial hints the next rate down by its
-  goodput, and the lowest rate failed above a pass is run again (RETRIES) before the search goes
-  below it. Every response is logged (`harness run --log-responses`), so each trial gives its
-  goodput and cost as well as its latencies;
+  goodput, and the lowest rate failed above a pass, where at most MARGINAL_SHARE of its queries were
+  late, is run again (RETRIES) before the search goes below it. Every response is logged
+  (`harness run --log-responses`), so each trial gives its goodput and cost as well as its latencies;
 - `capacity.json`: the search's account.
 The searches share `report.budget_min`: each configuration gets an equal share of what is left
 when it starts, and a trial that would end past its share is not run (the search says so).
@@ -61,6 +61,7 @@ GROW, TOLERANCE = 1.25, 0.1
 # The bracket's top is run once more before the search goes below it: a short trial's p99 is its
 # slowest query or two, which one stall of a shared machine can spoil (measurements/README.md).
 RETRIES = 1
+MARGINAL_SHARE = 0.05  # a failed trial with at most this share of its queries late is retried
 TRIAL_SECONDS = 40  # a trial's arrivals last about this long ...
 MIN_TRIAL_QUERIES = 40  # ... but it has at least this many queries (and at most report.samples)
 
@@ -371,8 +372,10 @@ def run_configurations(
         def trial(qps: float) -> Trial:
             result = trials(qps)
             if not result.passed:  # where its queries met the targets: the next rate down
-                good = read_run(result.logs).goodput(*targets)
+                logs = read_run(result.logs)
+                good = logs.goodput(*targets)
                 result.hint_qps = good[1] if good else None
+                result.marginal = good is not None and len(logs.queries) - good[0] <= MARGINAL_SHARE * len(logs.queries)
             return result
 
         def affordable(qps: float) -> str | None:

@@ -22,7 +22,8 @@ The report's trials (harness/ablation.py) are shorter still, to search every con
 budget: a set number of queries, each a different sample, judged by LoadGen's p99 check alone
 (early stopping cannot pass under EARLY_STOPPING_QUERIES); a failed one hints the rate at which its
 queries met the targets, where the search goes next on its way down (never more than MAX_DROP lower),
-and the search retries its bracket's top once (`retries`), since one stall spoils a short trial.
+and the search retries its bracket's top once where it failed by a few queries (`retries`,
+Trial.marginal), since one stall of the machine spoils a short trial.
 """
 
 import math
@@ -55,6 +56,9 @@ class Trial:
     # Where a failed run says more than "lower": the rate to try next on the way down (the report's
     # trials give the rate at which their queries met the targets), bounded by search_capacity.
     hint_qps: float | None = None
+    # A failure by a few queries, which one stall of the machine can cause: search_capacity's
+    # `retries` run such a rate again; a clear failure (most queries late) is not worth it.
+    marginal: bool = False
     logs: Path | None = None  # the run's LoadGen logs, where it has them
 
     def record(self, base: Path | None = None) -> dict:
@@ -62,6 +66,8 @@ class Trial:
         out = {"qps": self.qps, "passed": self.passed, "detail": self.detail}
         if self.hint_qps is not None:
             out["hint_qps"] = self.hint_qps
+        if self.marginal:
+            out["marginal"] = True
         if self.logs is not None:
             out["logs"] = str(self.logs.relative_to(base) if base else self.logs)
         return out
@@ -97,9 +103,10 @@ def search_capacity(
     """The highest rate `run` passes, to within `tolerance` (failed / passed - 1) where `max_runs`
     allow; `min_qps` ends a search down that never passes, `affordable(qps)` (why a run at that
     rate does not fit the time left, or None) any search before a run it cannot pay for. With
-    `retries`, the bracket's top (the lowest rate that failed above one that passed) is run again up
-    to that many times before the search goes on below it: a rate passes when any of its runs does,
-    as a rate at which a VALID run exists (a submitter reruns a run a passing stall spoilt)."""
+    `retries`, the bracket's top (the lowest rate that failed above one that passed), where its last
+    run failed by a margin (Trial.marginal), is run again up to that many times before the search
+    goes on below it: a rate passes when any of its runs does, as a rate at which a VALID run exists
+    (a submitter reruns a run a passing stall spoilt)."""
     if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1 or retries < 0:
         raise ValueError(
             "search_capacity: start_qps > 0, grow > 1, tolerance > 0, max_runs >= 1 and retries >= 0 are needed"
@@ -123,7 +130,8 @@ def search_capacity(
             return qps
         if found.failed_qps is None:  # up while passing
             return found.passed_qps * grow
-        if sum(1 for t in found.trials if t.qps == found.failed_qps) <= retries:
+        top = [t for t in found.trials if t.qps == found.failed_qps]
+        if len(top) <= retries and top[-1].marginal:
             return found.failed_qps
         if found.failed_qps / found.passed_qps - 1 > tolerance:  # bisect in ratio: the tolerance is a ratio
             return math.sqrt(found.passed_qps * found.failed_qps)

@@ -15,9 +15,10 @@ Where each figure comes from (the page says it too):
   report trial is short (its queries are given) and is not judged by early stopping, which needs
   460 queries or more: `make submission`'s search is, and its capacity is the one MLPerf scores.
   With 100 queries or fewer LoadGen's p99 is the slowest query, and a stall of the machine can
-  spoil one trial, so the lowest rate that failed above a pass is run once more before the search
-  goes below it, and a rate counts as met when either of its runs met the targets (as a rate at
-  which a VALID run exists: a submitter reruns a spoilt run).
+  spoil one trial, so the lowest rate that failed above a pass, where at most 5% of its queries
+  missed a target, is run once more before the search goes below it, and a rate counts as met when
+  either of its runs met the targets (as a rate at which a VALID run exists: a submitter reruns a
+  spoilt run).
 - TTFT and TPOT p50/p99, tokens/s and completed queries/s: LoadGen's detail log of the run at the
   capacity, as LoadGen computed them.
 - Goodput (DistServe's definition): the queries that met both the TTFT and the TPOT target, per

@@ -71,13 +71,13 @@ def test_a_retry_at_the_brackets_top_sees_past_one_stalled_run():
 
     def run(qps: float) -> Trial:
         tried.append(qps)
-        return Trial(qps, qps <= 2.5 and tried != [2.0])
+        return Trial(qps, qps <= 2.5 and tried != [2.0], marginal=True)
 
     found = search_capacity(run, 2.0, tolerance=0.1, max_runs=20, grow=1.25, retries=1)
     assert found.passed_qps <= 2.5 < found.failed_qps and found.failed_qps / found.passed_qps - 1 <= 0.1
     assert tried[:3] == [2.0, 1.6, 2.0]  # down past the stall, then its rate again: the bracket's top
     failed_above = [q for q in tried if q > 2.5]
-    assert failed_above and all(tried.count(q) == 2 for q in failed_above)  # each real failure run twice
+    assert failed_above and all(tried.count(q) == 2 for q in failed_above)  # each marginal failure twice
     assert all(t.passed == (t.qps <= 2.5) for t in found.trials[1:])
     # Without retries the stall stands: the capacity stays under the stalled rate.
     tried.clear()
@@ -86,10 +86,21 @@ def test_a_retry_at_the_brackets_top_sees_past_one_stalled_run():
 
 
 def test_retries_spend_the_run_budget_too():
-    run, tried = runs_of_capacity(2.5)
+    tried = []
+
+    def run(qps: float) -> Trial:
+        tried.append(qps)
+        return Trial(qps, qps <= 2.5, marginal=True)
+
     found = search_capacity(run, 2.0, tolerance=0.01, max_runs=4, grow=1.25, retries=2)
     assert tried == [2.0, 2.5, 3.125, 3.125] and "4 runs allowed were spent" in found.stopped
     assert (found.passed_qps, found.failed_qps) == (2.5, 3.125)
+
+
+def test_a_clear_failure_is_not_retried():
+    run, tried = runs_of_capacity(2.5)  # its failures are not marginal
+    found = search_capacity(run, 2.0, tolerance=0.1, max_runs=20, grow=1.25, retries=1)
+    assert len(tried) == len(set(tried)) and found.passed_qps <= 2.5 < found.failed_qps
 
 
 def test_bad_search_settings_are_refused():
