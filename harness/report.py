@@ -196,19 +196,35 @@ def ratio(value, base) -> float | None:
 
 
 def verdict(config: dict, builds_on: dict | None) -> str:
-    """The configuration against the one it builds on, in words: capacity first, then quality."""
-    if config["capacity_qps"] is None:
-        return f"LOSES: no rate met the targets ({config['search_summary']})"
-    if builds_on is None:
-        return "the baseline"
+    """The configuration against the one it builds on, in words: capacity first, then quality. A
+    search ends with a bracket (the rate passed, the rate failed above it); only brackets that do not
+    overlap decide a winner: where they overlap, the page says the comparison is undecided."""
     said = []
-    change = ratio(config["capacity_qps"], builds_on["capacity_qps"])
-    if change is None:
+    mine, top = config["capacity_qps"], config.get("failed_qps")
+    base = builds_on and builds_on["capacity_qps"]
+    base_top = builds_on and builds_on.get("failed_qps")
+    if builds_on is None:
+        said.append("the baseline" if mine is not None else f"no rate met the targets ({config['search_summary']})")
+    elif mine is None and base is not None and top is not None and top > base:
+        said.append(
+            f"undecided: no rate met the targets down to {top:.3f} QPS, above the capacity of "
+            f"{builds_on['label']} ({base:.3f}) ({config['search_summary']})"
+        )
+    elif mine is None:
+        said.append(f"LOSES: no rate met the targets ({config['search_summary']})")
+    elif base is None:
         said.append(f"wins: a capacity where {builds_on['label']} had none")
-    elif change < 1:
-        said.append(f"LOSES: {change:.2f}x the capacity of {builds_on['label']}")
     else:
-        said.append(f"wins: {change:.2f}x the capacity of {builds_on['label']}")
+        change = mine / base
+        if base_top is not None and mine >= base_top:
+            said.append(f"wins: {change:.2f}x the capacity of {builds_on['label']}")
+        elif top is not None and top <= base:
+            said.append(f"LOSES: {change:.2f}x the capacity of {builds_on['label']}")
+        else:
+            said.append(
+                f"undecided: {change:.2f}x the capacity of {builds_on['label']}, but the searches' brackets "
+                f"overlap ({mine:.3f}-{top or float('inf'):.3f} against {base:.3f}-{base_top or float('inf'):.3f} QPS)"
+            )
     if config["meets_quality_target"] is False:
         said.append(f"quality under {QUALITY_TARGET:.0%} of the first configuration's")
     return "; ".join(said)

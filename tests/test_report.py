@@ -356,7 +356,7 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
             assert f"({capacity / base[0]:.2f}x)" in row[4]
             assert row[3].endswith(f"({offline['result_tokens_per_second'] / base[1]:.2f}x)")
             assert row[10].endswith(f"({per_output / base[2]:.2f}x)")
-            assert row[12].startswith(("wins: ", "LOSES: "))
+            assert row[12].startswith(("wins: ", "LOSES: ", "undecided: "))
     # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
     assert all(r == responses_by_config[0] for r in responses_by_config)
     assert all(row[11].endswith("(+0.00%)") for row in headline[1:])
@@ -366,12 +366,29 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
 
 
 def test_a_configuration_that_costs_capacity_is_named_a_loser():
-    base = {"label": "chunked", "capacity_qps": 4.0, "search_summary": "", "meets_quality_target": True}
-    slower = {**base, "label": "draft", "capacity_qps": 1.0}
+    # Each capacity with the rate that failed above it: only brackets apart decide.
+    base = {
+        "label": "chunked",
+        "capacity_qps": 4.0,
+        "failed_qps": 4.4,
+        "search_summary": "",
+        "meets_quality_target": True,
+    }
+    slower = {**base, "label": "draft", "capacity_qps": 1.0, "failed_qps": 1.1}
     assert verdict(slower, base) == "LOSES: 0.25x the capacity of chunked"
-    assert verdict({**slower, "capacity_qps": 6.0}, base) == "wins: 1.50x the capacity of chunked"
-    none = {**slower, "capacity_qps": None, "search_summary": "no rate passed down to 0.100 QPS"}
+    assert verdict({**slower, "capacity_qps": 6.0, "failed_qps": None}, base) == "wins: 1.50x the capacity of chunked"
+    assert verdict({**slower, "capacity_qps": 4.4, "failed_qps": 5.0}, base) == "wins: 1.10x the capacity of chunked"
+    assert verdict({**slower, "capacity_qps": 3.6, "failed_qps": 4.0}, base) == "LOSES: 0.90x the capacity of chunked"
+    assert verdict({**slower, "capacity_qps": 3.6, "failed_qps": 4.2}, base).startswith(
+        "undecided: 0.90x the capacity of chunked, but the searches' brackets overlap (3.600-4.200 against 4.000-4.400"
+    )
+    assert verdict({**slower, "capacity_qps": 4.2, "failed_qps": None}, base).startswith("undecided: 1.05x")
+    none = {**slower, "capacity_qps": None, "failed_qps": 0.1, "search_summary": "no rate passed down to 0.100 QPS"}
     assert verdict(none, base) == "LOSES: no rate met the targets (no rate passed down to 0.100 QPS)"
+    assert verdict({**none, "failed_qps": 4.5}, base).startswith(
+        "undecided: no rate met the targets down to 4.500 QPS, above the capacity of chunked (4.000)"
+    )
+    assert verdict(none, None).startswith("no rate met the targets") and verdict(base, None) == "the baseline"
     worse = {**slower, "capacity_qps": 6.0, "meets_quality_target": False}
     assert verdict(worse, base).endswith("quality under 99% of the first configuration's")
 
