@@ -106,7 +106,7 @@ def search_capacity(
     `retries`, the bracket's top (the lowest rate that failed above one that passed), where its last
     run failed by a margin (Trial.marginal), is run again up to that many times before the search
     goes on below it: a rate passes when any of its runs does, as a rate at which a VALID run exists
-    (a submitter reruns a run a passing stall spoilt)."""
+    (a submitter reruns a run that a stall spoilt)."""
     if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1 or retries < 0:
         raise ValueError(
             "search_capacity: start_qps > 0, grow > 1, tolerance > 0, max_runs >= 1 and retries >= 0 are needed"
