@@ -17,14 +17,14 @@ Each configuration gets, in its folder under the runs folder:
   different sample), judged by LoadGen's p99 check; a failed trial hints the next rate down by its
   goodput, and the lowest rate failed above a pass, where at most MARGINAL_SHARE of its queries were
   late, is run again (RETRIES) before the search goes below it. Every response is logged
-  (`harness run --log-responses`), so each trial gives its goodput and cost as well as its latencies;
-- `capacity.json`: the search's account.
+  (`--log-responses`), so each trial gives its goodput and cost as well as its latencies;
+- `capacity.json`: the search's account; `worker.log`: what its run worker (harness/run_worker.py:
+  one engine for the configuration's runs, loaded and warmed up once) printed.
 The searches share `report.budget_min`: each configuration gets an equal share of what is left
 when it starts, and a trial that would end past its share is not run (the search says so).
 """
 
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -33,7 +33,7 @@ from pathlib import Path
 
 from accuracy.dataset import Dataset, load_dataset
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import RUN_START_S, harness_command
+from compliance.submission import RUN_START_S
 from harness.capacity import (
     CapacitySearch,
     LoadGenTrials,
@@ -41,10 +41,10 @@ from harness.capacity import (
     run_trial,
     search_capacity,
     trial_from_detail,
-    why_failed,
 )
 from harness.config import HarnessConfigError, RunConfig
 from harness.run_logs import read_run
+from harness.run_worker import RunWorker, worker_command
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, expand_path
 
@@ -209,14 +209,6 @@ def trial_queries(qps: float, samples: int) -> int:
     return min(samples, max(MIN_TRIAL_QUERIES, round(qps * TRIAL_SECONDS)))
 
 
-def run(command: list[str], what: str) -> str:
-    """Run one `harness run`; its last line, or HarnessConfigError naming `what` with its error."""
-    done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise HarnessConfigError(f"{what} failed: {why_failed(done.stderr)}")
-    return done.stdout.strip().splitlines()[-1]
-
-
 def replay_command(system: str, benchmark: str, root: Path, runs_dir: Path, qps: float, engine: dict, logs: Path):
     """`python -m harness.replay` of the traffic's arrivals at `qps`."""
     return [
@@ -249,6 +241,16 @@ class ReplayTrials:
         trial.logs = logs
         self.log(f"capacity: {qps:.3f} QPS: {'pass' if trial.passed else 'FAIL'}: {trial.detail}")
         return trial
+
+
+@dataclass
+class WorkerTrials(LoadGenTrials):
+    """The report's LoadGen trials, each run by the configuration's run worker (harness/run_worker.py)."""
+
+    worker: RunWorker | None = None
+
+    def execute(self, conf: Path, logs: Path, what: str) -> None:
+        self.worker.run(SCENARIO, conf, logs, what)
 
 
 def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path) -> dict:
@@ -328,68 +330,57 @@ def run_configurations(
     for n, config in enumerate(configs):
         share_ends = clock() + (deadline - clock()) / (len(configs) - n)
         folder = runs_dir / config.folder
-        engine = ("--engine", json.dumps(config.engine), "--log-responses", *dataset_args)
         log(
             f"report: [{n + 1}/{len(configs)}] {config.label}: Offline, {samples} samples "
             f"({(clock() - start) / 60:.1f} min so far, {(deadline - clock()) / 60:.1f} left of the budget)"
         )
-        offline = folder / "offline"
-        offline_run = ("--user-conf", runs_dir / "offline.conf", *engine, "--log-dir", offline)
-        line = run(
-            harness_command(system_name, benchmark, "Offline", "performance", root, *offline_run),
-            f"{config.label}'s Offline run",
-        )
-        log(f"report:   {line}")
-        samples_per_s = read_detail_log(offline / "mlperf_log_detail.txt")[0]["result_samples_per_second"]
-        if arrivals:
-            trials = ReplayTrials(
-                folder / "server",
-                lambda qps, logs: replay_command(system_name, benchmark, root, runs_dir, qps, config.engine, logs),
-                samples,
-                log=lambda line: log(f"report:   {line}"),
-            )
-        else:
-            trials = LoadGenTrials(
-                "",
-                bench.loadgen_name(SCENARIO),
-                folder / "server",
-                lambda conf, logs: harness_command(
-                    system_name,
-                    benchmark,
-                    SCENARIO,
-                    "performance",
-                    root,
-                    "--user-conf",
-                    conf,
-                    *engine,
-                    "--log-dir",
-                    logs,
-                ),
-                log=lambda line: log(f"report:   {line}"),
-                queries=lambda qps: trial_queries(qps, samples),
-            )
+        # One engine for the configuration's runs: its load and warm-up once, not once per trial.
+        command = worker_command(system_name, benchmark, root, config.engine, ("--log-responses", *dataset_args))
+        with RunWorker(command, folder / "worker.log") as worker:
+            offline = folder / "offline"
+            line = worker.run("Offline", runs_dir / "offline.conf", offline, f"{config.label}'s Offline run")
+            log(f"report:   {line}")
+            samples_per_s = read_detail_log(offline / "mlperf_log_detail.txt")[0]["result_samples_per_second"]
+            if arrivals:
+                trials = ReplayTrials(
+                    folder / "server",
+                    lambda qps, logs: replay_command(system_name, benchmark, root, runs_dir, qps, config.engine, logs),
+                    samples,
+                    log=lambda line: log(f"report:   {line}"),
+                )
+            else:
+                trials = WorkerTrials(
+                    "",
+                    bench.loadgen_name(SCENARIO),
+                    folder / "server",
+                    log=lambda line: log(f"report:   {line}"),
+                    queries=lambda qps: trial_queries(qps, samples),
+                    worker=worker,
+                )
 
-        def trial(qps: float) -> Trial:
-            result = trials(qps)
-            if not result.passed:  # where its queries met the targets: the next rate down
-                logs = read_run(result.logs)
-                good = logs.goodput(*targets)
-                result.hint_qps = good[1] if good else None
-                result.marginal = good is not None and len(logs.queries) - good[0] <= MARGINAL_SHARE * len(logs.queries)
-            return result
+            def trial(qps: float) -> Trial:
+                result = trials(qps)
+                if not result.passed:  # where its queries met the targets: the next rate down
+                    logs = read_run(result.logs)
+                    good = logs.goodput(*targets)
+                    result.hint_qps = good[1] if good else None
+                    result.marginal = good is not None and len(logs.queries) - good[0] <= MARGINAL_SHARE * len(
+                        logs.queries
+                    )
+                return result
 
-        def affordable(qps: float) -> str | None:
-            if clock() + trials.seconds(qps) <= share_ends:
-                return None
-            return (
-                f"a trial at {qps:.3f} QPS (about {trials.seconds(qps) / 60:.1f} min) would end past this "
-                f"configuration's share of the report's {report['budget_min']}-min budget"
+            def affordable(qps: float) -> str | None:
+                if clock() + trials.seconds(qps) <= share_ends:
+                    return None
+                return (
+                    f"a trial at {qps:.3f} QPS (about {trials.seconds(qps) / 60:.1f} min) would end past this "
+                    f"configuration's share of the report's {report['budget_min']}-min budget"
+                )
+
+            start_qps = START_SHARE * samples_per_s
+            search = search_capacity(
+                trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable, retries=RETRIES
             )
-
-        start_qps = START_SHARE * samples_per_s
-        search = search_capacity(
-            trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable, retries=RETRIES
-        )
         log(f"report:   {config.label}: {search.summary()}")
         (folder / "capacity.json").write_text(json.dumps(search_record(search, start_qps, runs_dir), indent=2) + "\n")
     log(f"report: {len(configs)} configurations in {(clock() - start) / 60:.1f} min")

@@ -239,12 +239,13 @@ def trial_from_detail(qps: float, detail: dict, percentiles_only: bool = False) 
 @dataclass
 class LoadGenTrials:
     """The search's run: a LoadGen Server run per rate, in `folder`/NN-QPS/ (its user.conf beside it
-    as NN-QPS.conf), started by `command(user_conf, log_dir)`, judged by LoadGen's result_validity."""
+    as NN-QPS.conf), started by `command(user_conf, log_dir)` (or a subclass's `execute`), judged by
+    LoadGen's result_validity."""
 
     conf_text: str  # the scenario's user.conf
     loadgen_model: str
     folder: Path
-    command: Callable[[Path, Path], list[str]]
+    command: Callable[[Path, Path], list[str]] | None = None
     limits_ms: tuple[float, float] | None = None  # other targets than the benchmark's (trial_conf)
     log: Callable[[str], None] = print
     # The report's trials: this many queries at a rate (trial_conf), judged by the p99s alone.
@@ -257,13 +258,17 @@ class LoadGenTrials:
     def seconds(self, qps: float) -> float:
         return performance_seconds(self.conf(qps), TRIAL_MIN_QUERIES)  # trial_conf sets both lengths
 
+    def execute(self, conf: Path, logs: Path, what: str) -> None:
+        """The trial's LoadGen run, CapacityError naming `what` where it fails: `command`'s process."""
+        run_trial(self.command(conf, logs), what)
+
     def __call__(self, qps: float) -> Trial:
         self.folder.mkdir(parents=True, exist_ok=True)
         name = f"{len(list(self.folder.glob('*.conf'))) + 1:02d}-{qps:.3f}qps"
         conf, logs = self.folder / f"{name}.conf", self.folder / name
         conf.write_text(self.conf(qps))
         self.log(f"capacity: trying {qps:.3f} QPS (about {self.seconds(qps) / 60:.1f} min; logs in {logs})")
-        run_trial(self.command(conf, logs), f"the run at {qps:.3f} QPS")
+        self.execute(conf, logs, f"the run at {qps:.3f} QPS")
         detail, _ = read_detail_log(logs / "mlperf_log_detail.txt")
         trial = trial_from_detail(qps, detail, percentiles_only=self.queries is not None)
         trial.logs = logs

@@ -28,7 +28,6 @@ from harness.loadgen_sut import EngineSUT, Interrupted, construct_qsl
 from systems.schema import REPO
 
 MAX_ERRORS_SHOWN = 10
-_runs_in_this_process = 0
 
 
 class RunFailed(RuntimeError):
@@ -39,21 +38,20 @@ class RunFailed(RuntimeError):
         self.summary = summary
 
 
-def run(cfg: RunConfig) -> str:
+def run(cfg: RunConfig, engine=None) -> str:
     """Run LoadGen; return the summary line. Everything that can be checked is checked before
-    LoadGen starts. One run per process: LoadGen loads its mlperf.conf only on a process's first
-    FromConfig, and a second run would silently lose those settings."""
-    global _runs_in_this_process
-    if _runs_in_this_process:
-        raise HarnessConfigError(
-            "one LoadGen run per process: LoadGen applies mlperf.conf only to the first "
-            "(start another `python -m harness run`)"
-        )
-    _runs_in_this_process += 1
+    LoadGen starts. `engine`: one loaded before (`load_engine`), with the run's engine settings, left
+    open for the next run; without it the run loads its own and closes it.
+
+    A submission's runs are one per process (`python -m harness run`). In a process's later runs (the
+    report's, harness/run_worker.py) LoadGen logs "Multiple conf files are used. This is not valid
+    for official submission.", as it should: they are measurements, not a submission's runs."""
     # The inputs before the folder: a bad dataset must not cost the folder its earlier run.
     dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
     model = cfg.system.model_for(cfg.benchmark.name)
     check_token_ids(dataset, model)
+    if engine is not None:
+        engine.reset()  # nothing cached, counted or timed from the run before
     folder = RunFolder(cfg.log_dir)
     folder.open(
         {"system": cfg.system.name, "benchmark": cfg.benchmark.name, "scenario": cfg.scenario, "mode": cfg.mode}
@@ -61,7 +59,16 @@ def run(cfg: RunConfig) -> str:
     if folder.replaced:
         print(f"harness: {cfg.log_dir} held an earlier run ({folder.replaced}); this run replaces it", flush=True)
     try:
-        summary, failures = _load_and_run(cfg, folder, dataset, model)
+        settings = loadgen_settings(cfg)
+        if engine is not None:
+            check_room(cfg, engine, dataset)
+            summary, failures = _run(cfg, engine, dataset, settings, folder)
+        else:
+            engine = load_engine(cfg, dataset)
+            try:
+                summary, failures = _run(cfg, engine, dataset, settings, folder)
+            finally:
+                engine.close()
     except Interrupted as e:
         folder.fail(str(e))
         raise Interrupted(f"{e}; the run is marked failed in {cfg.log_dir}") from None
@@ -80,24 +87,58 @@ def run(cfg: RunConfig) -> str:
     return summary
 
 
-def _load_and_run(cfg: RunConfig, folder: RunFolder, dataset, model: str) -> tuple[str, str | None]:
-    """The run itself: (its summary line, why it failed or None)."""
+def loadgen_settings(cfg: RunConfig) -> lg.TestSettings:
+    """LoadGen's settings for the run: mlperf.conf, then the run's user.conf (run's doc)."""
     settings = lg.TestSettings()
+    name = cfg.benchmark.loadgen_name(cfg.scenario)
     conf_scenario = "Server" if cfg.scenario == "Interactive" else cfg.scenario
-    if settings.FromConfig(str(cfg.user_conf), cfg.benchmark.loadgen_name(cfg.scenario), conf_scenario):
+    # Named, not left to LoadGen, which loads it by itself on a process's first FromConfig only.
+    if settings.FromConfig("", name, conf_scenario, 0):
+        raise HarnessConfigError("LoadGen refused its own mlperf.conf (see its log line above)")
+    if settings.FromConfig(str(cfg.user_conf), name, conf_scenario):
         raise HarnessConfigError(f"{cfg.user_conf}: LoadGen refused it (see its log line above)")
     settings.scenario, settings.mode = SCENARIOS[cfg.scenario], MODES[cfg.mode]
     if cfg.log_responses:  # LoadGen reads accuracy_log_probability from an audit config only, not user.conf
         settings.accuracy_log_probability = 1.0
+    return settings
 
+
+def load_engine(cfg: RunConfig, dataset=None):
+    """The system's engine with the run's settings, warmed up unless cfg.warmup is off: one engine,
+    or with data_parallel_size > 1 a pool of replica processes behind the same interface. With
+    `dataset`, its prompts are checked against the engine (check_room) before the warm-up."""
     from sut import make_engine
 
-    # One engine, or with data_parallel_size > 1 a pool of replica processes behind the same interface.
-    engine = make_engine(model, **cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name))
+    engine = make_engine(
+        cfg.system.model_for(cfg.benchmark.name), **cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name)
+    )
     try:
-        return _run(cfg, engine, dataset, settings, folder)
-    finally:
+        if dataset is not None:
+            check_room(cfg, engine, dataset)
+        if cfg.warmup:  # first-use compilation and packing here, not in the first queries' latency
+            print(f"warm-up: {engine.warmup():.1f} s before LoadGen starts", flush=True)
+    except BaseException:
         engine.close()
+        raise
+    return engine
+
+
+def check_room(cfg: RunConfig, engine, dataset) -> None:
+    """Every prompt with room for 2 new tokens in the engine's max_model_len. With token latencies on,
+    LoadGen (logging.cc, AsyncLog::RecordSampleCompletion) logs an error_runtime "Number of tokens
+    need to be greater than 1" for n_tokens == 1 (and for 0), then records the sample with n_tokens 0,
+    so TPOT = (e2e - TTFT) / (0 - 1) is negative rather than a division by zero; the official checker
+    fails the accuracy run on that error (its performance check counts LoadGen errors only with
+    --submission-exceptions; our audit always does). As in vLLM, min_tokens 1 keeps EOS from being
+    the first token, and the response holds the EOS that ends it, so every response has at least 2
+    tokens unless only one fits in max_model_len: refused here, before LoadGen starts."""
+    no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
+    if no_room:
+        raise HarnessConfigError(
+            f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
+            f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
+            "error for a response of fewer than 2 tokens"
+        )
 
 
 def check_token_ids(dataset, model) -> None:
@@ -135,24 +176,7 @@ def sampling_params(cfg: RunConfig, dataset):
 
 def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: RunFolder) -> tuple[str, str | None]:
     # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1).
-    # With token latencies on, LoadGen (logging.cc, AsyncLog::RecordSampleCompletion) logs an
-    # error_runtime "Number of tokens need to be greater than 1" for n_tokens == 1 (and for 0), then
-    # records the sample with n_tokens 0, so TPOT = (e2e - TTFT) / (0 - 1) is negative rather than a
-    # division by zero; the official checker fails the accuracy run on that error (its performance
-    # check counts LoadGen errors only with --submission-exceptions; our audit always does). As in
-    # vLLM, min_tokens 1 keeps EOS from being the first token, and the response holds the EOS that
-    # ends it, so every response has at least 2 tokens unless only one fits in max_model_len: refused
-    # here, before LoadGen starts.
     params = sampling_params(cfg, dataset)
-    no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
-    if no_room:
-        raise HarnessConfigError(
-            f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
-            f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
-            "error for a response of fewer than 2 tokens"
-        )
-    if cfg.warmup:  # first-use compilation and packing here, not in the first queries' latency
-        print(f"warm-up: {engine.warmup():.1f} s before LoadGen starts", flush=True)
     shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
     if engine.device.type == "cpu":
         from sut import machine_description

@@ -84,14 +84,6 @@ def test_accuracy_reference_of_another_dataset_is_refused(monkeypatch, tmp_path)
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
 
 
-def test_a_second_run_in_one_process_is_refused(monkeypatch):
-    from harness import run as run_module
-
-    monkeypatch.setattr(run_module, "_runs_in_this_process", 1)
-    with pytest.raises(HarnessConfigError, match="one LoadGen run per process"):
-        run_module.run(RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance"))
-
-
 def test_a_prompt_with_room_for_one_new_token_is_refused_before_loadgen(tiny_llama, tmp_path):
     """A 1-token response makes LoadGen log an error (token latencies on), so a prompt that leaves
     room for fewer than 2 new tokens in max_model_len is refused up front."""

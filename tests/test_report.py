@@ -271,7 +271,7 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
     assert [row[0] for row in headline[1:]] == labels
     tokenizer = AutoTokenizer.from_pretrained(root / "tiny-llama")
     references = [r["output"] for r in json.loads((root / "data.json").read_text())]
-    responses_by_config, base = [], None
+    responses_by_config, base, unmeasured = [], None, []
     for config, row in zip(plan["configs"], headline[1:]):
         folder = runs / config["folder"]
         # Offline: every sample once, its tokens/s LoadGen's, its quality from its own responses.
@@ -305,6 +305,11 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
             if trial["passed"]:
                 passed.append((trial["qps"], runs / trial["logs"]))
         assert len(search["trials"]) == 2 and len(trial_rows(searches, config["label"])) == 2
+        if not passed:  # two short trials on a busy machine can both fail: the page says so
+            assert search["capacity_qps"] is None and row[4] == "none" and row[9] == row[10] == "n/a"
+            unmeasured.append(config["label"])
+            base = base or False  # the ratios are against the first configuration, here without one
+            continue
         capacity, at = max(passed)
         assert search["capacity_qps"] == capacity
         d, queries = detail(at), independent_queries(at)
@@ -352,11 +357,12 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
         if base is None:
             base = (capacity, offline["result_tokens_per_second"], per_output)
             assert row[12] == "the baseline"
-        else:
+        elif base:
             assert f"({capacity / base[0]:.2f}x)" in row[4]
             assert row[3].endswith(f"({offline['result_tokens_per_second'] / base[1]:.2f}x)")
             assert row[10].endswith(f"({per_output / base[2]:.2f}x)")
             assert row[12].startswith(("wins: ", "LOSES: ", "undecided: "))
+    assert len(unmeasured) < len(labels), f"no configuration passed a trial: {unmeasured}"
     # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
     assert all(r == responses_by_config[0] for r in responses_by_config)
     assert all(row[11].endswith("(+0.00%)") for row in headline[1:])

@@ -125,6 +125,13 @@ class LLMEngine:
             raise
         return ranks, Shard(0, size)
 
+    def reset(self) -> None:
+        """Between timed runs on one engine (harness/run_worker.py): nothing cached, counted or timed,
+        as after warmup(), so that each run's figures are its own."""
+        if self.has_unfinished():
+            raise ConfigError("reset() runs on an idle engine, between runs")
+        self._reset_scheduling()
+
     def _reset_scheduling(self) -> None:
         """A block manager and scheduler with nothing cached, counted or timed."""
         self.block_manager = BlockManager(

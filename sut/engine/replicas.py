@@ -284,6 +284,10 @@ class ReplicaPool:
         """Every replica's warm-up, at once; the seconds of the slowest."""
         return max(self._call_all("warmup"))
 
+    def reset(self) -> None:
+        """Every replica's reset (LLMEngine.reset), at once."""
+        self._call_all("reset")
+
     def spec_stats(self) -> dict | None:
         """Speculation's counts summed over the replicas (rates from the sums); None without it."""
         per_replica = self._call_all("spec_stats")
