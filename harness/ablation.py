@@ -18,7 +18,9 @@ Each configuration gets, in its folder under the runs folder:
   goodput, and the lowest rate failed above a pass, where at most MARGINAL_SHARE of its queries were
   late, is run again (RETRIES) before the search goes below it. Every response is logged
   (`--log-responses`), so each trial gives its goodput and cost as well as its latencies;
-- `capacity.json`: the search's account; `worker.log`: what its run worker (harness/run_worker.py:
+- `server/` also holds, where the configuration's share of the budget allows, one trial at
+  LOW_LOAD_SHARE of the capacity: goodput well below it, where the search's trials do not go;
+- `capacity.json`: the search's account and that trial's; `worker.log`: what its run worker (harness/run_worker.py:
   one engine for the configuration's runs, loaded and warmed up once) printed.
 The searches share `report.budget_min`: each configuration gets an equal share of what is left
 when it starts, and a trial that would end past its share is not run (the search says so).
@@ -57,6 +59,7 @@ GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
 DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 6, "proposers": [], "numerics": []}
 NUMERICS_FOLDER = "05-numerics-"  # a numerics option's configuration: its arithmetic is not fp32's
 START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
+LOW_LOAD_SHARE = 0.5  # of the capacity: the rate of the trial that shows goodput well below it
 GROW, TOLERANCE = 1.25, 0.1
 # The bracket's top is run once more before the search goes below it: a short trial's p99 is its
 # slowest query or two, which one stall of a shared machine can spoil (measurements/README.md).
@@ -253,7 +256,8 @@ class WorkerTrials(LoadGenTrials):
         self.worker.run(SCENARIO, conf, logs, what)
 
 
-def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path) -> dict:
+def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path, low: Trial | str | None) -> dict:
+    """capacity.json: the search, and its low-load trial (or why it was not run)."""
     return {
         "start_qps": start_qps,
         "capacity_qps": search.passed_qps,
@@ -261,7 +265,19 @@ def search_record(search: CapacitySearch, start_qps: float, runs_dir: Path) -> d
         "stopped": search.stopped,
         "summary": search.summary(),
         "trials": [t.record(runs_dir) for t in search.trials],
+        "low_load": low.record(runs_dir) if isinstance(low, Trial) else None,
+        "low_load_not_run": low if isinstance(low, str) else None,
     }
+
+
+def low_load_trial(search: CapacitySearch, start_qps: float, trial, affordable) -> Trial | str:
+    """Goodput well below the capacity (the report's goodput curve starts there, not at the search's
+    first rate): a trial at LOW_LOAD_SHARE of the capacity (of the lowest rate failed where none
+    passed), where the configuration's share of the budget still allows one; else why not."""
+    low_qps = LOW_LOAD_SHARE * (search.passed_qps or search.failed_qps or start_qps)
+    if any(t.qps <= low_qps / LOW_LOAD_SHARE**0.5 for t in search.trials):
+        return f"the search ran a rate near {low_qps:.3f} QPS already"
+    return affordable(low_qps) or trial(low_qps)
 
 
 def samples_from(
@@ -381,7 +397,11 @@ def run_configurations(
             search = search_capacity(
                 trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable, retries=RETRIES
             )
+            low = low_load_trial(search, start_qps, trials, affordable)
         log(f"report:   {config.label}: {search.summary()}")
-        (folder / "capacity.json").write_text(json.dumps(search_record(search, start_qps, runs_dir), indent=2) + "\n")
+        if isinstance(low, str):
+            log(f"report:   {config.label}: no low-load trial: {low}")
+        record = search_record(search, start_qps, runs_dir, low)
+        (folder / "capacity.json").write_text(json.dumps(record, indent=2) + "\n")
     log(f"report: {len(configs)} configurations in {(clock() - start) / 60:.1f} min")
     return configs

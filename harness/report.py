@@ -25,7 +25,9 @@ Where each figure comes from (the page says it too):
   second of the run (the run's length as LoadGen's completed-queries rate implies it). Each query's
   TTFT and end-to-end latency come from LoadGen's trace, its token count from the accuracy log, its
   TPOT as LoadGen computes it: (latency - TTFT) / (tokens - 1); a one-token response meets any TPOT
-  target. Targets: the benchmark's Server limits unless given.
+  target. Targets: the benchmark's Server limits unless given. Goodput against arrival rate: the
+  search's trials, and one trial at half the capacity where the configuration's share of the
+  budget allowed it (capacity.json says why not, where not), to show goodput well below capacity.
 - Cost at the capacity: the price per hour over the tokens per hour the run served within the
   targets (the input and output tokens of the queries that met both), split between input and
   output in the shares of the engine's busy time spent on prefill and on decode
@@ -242,7 +244,8 @@ def configurations(
         if offline is None:
             raise RunLogError(f"{folder}: no Offline run (offline/) for the configuration {config['label']!r}")
         search = json.loads((folder / "capacity.json").read_text())
-        trials = [(runs[top / t["logs"]], t) for t in search["trials"]]
+        low = [search["low_load"]] if search.get("low_load") else []  # goodput well below capacity
+        trials = [(runs[top / t["logs"]], t) for t in search["trials"] + low]
         exact = not config["folder"].startswith(NUMERICS_FOLDER)
         trial_figs = [
             (run, figures_for(run, config["label"], targets, price, prompts, peaks, exact)) for run, _ in trials

@@ -121,7 +121,8 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
         out.append(
             (
                 "searches",
-                "Capacity searches: every trial (LoadGen Server runs, judged by LoadGen's p99 check)",
+                "Capacity searches: every trial (LoadGen Server runs, judged by LoadGen's p99 check), and "
+                "each configuration's trial at half its capacity",
                 [
                     "configuration",
                     "arrival rate (q/s)",
