@@ -56,7 +56,7 @@ ARRIVALS = "arrivals.json"  # in the runs folder: a traffic sample's arrival tim
 PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/roofline.py)
 SCENARIO = "Server"
 GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
-DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 6, "proposers": [], "numerics": []}
+DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 6, "proposers": [], "numerics": [], "capacity_spread": 0.0}
 NUMERICS_FOLDER = "05-numerics-"  # a numerics option's configuration: its arithmetic is not fp32's
 START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
 LOW_LOAD_SHARE = 0.5  # of the capacity: the rate of the trial that shows goodput well below it
@@ -106,6 +106,9 @@ def report_settings(system: System, benchmark: str) -> dict:
                 f"{where}.price_per_accelerator_hour needs the description's accelerators_per_node ({e!r})"
             ) from None
         settings["price_per_hour"] = settings.pop("price_per_accelerator_hour") * accelerators
+    spread = settings["capacity_spread"]
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
+        raise HarnessConfigError(f"{where}.capacity_spread must be a fraction >= 0, got {spread!r}")
     for key in ("budget_min", "price_per_hour"):
         value = settings.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
@@ -317,7 +320,12 @@ def run_configurations(
     bench = BENCHMARKS[benchmark]
     targets = bench.latency_limits_ms[SCENARIO]
     runs_dir.mkdir(parents=True, exist_ok=True)
-    plan = {"system": system_name, "benchmark": benchmark, "targets_ms": list(targets)}
+    plan = {
+        "system": system_name,
+        "benchmark": benchmark,
+        "targets_ms": list(targets),
+        "capacity_spread": report["capacity_spread"],
+    }
     dataset, arrivals = samples_from(system, benchmark, traffic, runs_dir, plan)
     dataset_args = ("--dataset", runs_dir / TRAFFIC) if traffic is not None else ()
     samples = plan["samples"] = min(report["samples"], len(dataset))
@@ -385,17 +393,25 @@ def run_configurations(
                     )
                 return result
 
-            def affordable(qps: float) -> str | None:
-                if clock() + trials.seconds(qps) <= share_ends:
+            def affordable(qps: float, ends: float = share_ends, kept: str = "") -> str | None:
+                if clock() + trials.seconds(qps) <= ends:
                     return None
                 return (
                     f"a trial at {qps:.3f} QPS (about {trials.seconds(qps) / 60:.1f} min) would end past this "
-                    f"configuration's share of the report's {report['budget_min']}-min budget"
+                    f"configuration's share of the report's {report['budget_min']}-min budget{kept}"
                 )
 
             start_qps = START_SHARE * samples_per_s
+            # The search leaves time for the low-load trial (its rate guessed from the start's).
+            low_s = trials.seconds(LOW_LOAD_SHARE * start_qps)
             search = search_capacity(
-                trial, start_qps, TOLERANCE, report["max_trials"], GROW, affordable=affordable, retries=RETRIES
+                trial,
+                start_qps,
+                TOLERANCE,
+                report["max_trials"],
+                GROW,
+                affordable=lambda qps: affordable(qps, share_ends - low_s, " less the low-load trial's time"),
+                retries=RETRIES,
             )
             low = low_load_trial(search, start_qps, trials, affordable)
         log(f"report:   {config.label}: {search.summary()}")

@@ -38,6 +38,10 @@ Where each figure comes from (the page says it too):
   p99 TTFT and TPOT met the targets, and its cost per million output tokens within those targets
   (a looser target lets a larger batch through: more tokens per hour, each one slower).
 - Ratios: against the static-batching configuration, the MLPerf reference SUTs' batching.
+- Verdicts (against the configuration built on): wins or LOSES only where the two searches'
+  brackets (capacity, rate failed above it) do not overlap, by the machine's run-to-run spread of
+  a capacity (the system file's report.capacity_spread, measured by running the report again; the
+  page gives it) besides; else undecided.
 - The hardware's bound (harness/roofline.py): the least time a run's steps could take, the larger
   of the bytes they must read (the weights once per step, each attended token's K/V once) over the
   bandwidth measured here and of their linear FLOPs over the FLOP/s measured here; the engine's busy
@@ -197,17 +201,20 @@ def ratio(value, base) -> float | None:
     return value / base if value is not None and base else None
 
 
-def verdict(config: dict, builds_on: dict | None) -> str:
+def verdict(config: dict, builds_on: dict | None, spread: float = 0.0) -> str:
     """The configuration against the one it builds on, in words: capacity first, then quality. A
     search ends with a bracket (the rate passed, the rate failed above it); only brackets that do not
-    overlap decide a winner: where they overlap, the page says the comparison is undecided."""
+    overlap decide a winner: where they overlap, the page says the comparison is undecided. `spread`
+    (report.capacity_spread): how far apart two runs' capacities of one configuration came out on the
+    machine, as a fraction; a winner's capacity must clear the other's failed rate by that much too,
+    a loser's failed rate stay that far under the other's capacity."""
     said = []
     mine, top = config["capacity_qps"], config.get("failed_qps")
     base = builds_on and builds_on["capacity_qps"]
     base_top = builds_on and builds_on.get("failed_qps")
     if builds_on is None:
         said.append("the baseline" if mine is not None else f"no rate met the targets ({config['search_summary']})")
-    elif mine is None and base is not None and top is not None and top > base:
+    elif mine is None and base is not None and top is not None and top * (1 + spread) > base:
         said.append(
             f"undecided: no rate met the targets down to {top:.3f} QPS, above the capacity of "
             f"{builds_on['label']} ({base:.3f}) ({config['search_summary']})"
@@ -217,11 +224,16 @@ def verdict(config: dict, builds_on: dict | None) -> str:
     elif base is None:
         said.append(f"wins: a capacity where {builds_on['label']} had none")
     else:
-        change = mine / base
-        if base_top is not None and mine >= base_top:
+        change, margin = mine / base, 1 + spread
+        if base_top is not None and mine >= base_top * margin:
             said.append(f"wins: {change:.2f}x the capacity of {builds_on['label']}")
-        elif top is not None and top <= base:
+        elif top is not None and top * margin <= base:
             said.append(f"LOSES: {change:.2f}x the capacity of {builds_on['label']}")
+        elif (base_top is not None and mine >= base_top) or (top is not None and top <= base):  # brackets apart
+            said.append(
+                f"undecided: {change:.2f}x the capacity of {builds_on['label']}, within the run-to-run spread of "
+                f"{spread:.0%} measured for this machine (report.capacity_spread)"
+            )
         else:
             said.append(
                 f"undecided: {change:.2f}x the capacity of {builds_on['label']}, but the searches' brackets "
@@ -293,7 +305,7 @@ def configurations(
         }
     by_label = {c["label"]: c for c in out}
     for c in out:
-        c["verdict"] = verdict(c, by_label.get(c["builds_on"]))
+        c["verdict"] = verdict(c, by_label.get(c["builds_on"]), plan.get("capacity_spread", 0.0))
     return out
 
 
@@ -340,12 +352,13 @@ def build(
         tokenizer = AutoTokenizer.from_pretrained(record["model"])
     prompts = dataset and dataset.input_ids
     references = dataset.references if dataset is not None else []
-    configs, traffic, peaks = [], None, None
+    configs, traffic, peaks, spread = [], None, None, None
     for top in folders:
         if (top / PLAN).is_file():
             plan = json.loads((top / PLAN).read_text())
             configs += configurations(top, plan, runs, targets, price, prompts, references, tokenizer)
             traffic = plan.get("traffic") or traffic
+            spread = plan.get("capacity_spread", 0.0)
         if (top / PEAKS).is_file():
             peaks = json.loads((top / PEAKS).read_text())
     figs = []
@@ -371,6 +384,7 @@ def build(
         "notes": notes,
         "traffic": traffic,
         "peaks": peaks,
+        "capacity_spread": spread,
         "configurations": configs,
         "figures": [asdict(f) for f in figs],
         "runs": [

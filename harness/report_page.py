@@ -76,7 +76,8 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
             (
                 "headline",
                 f"Configurations at their capacity (TTFT <= {t['ttft']:g} ms, TPOT <= {t['tpot']:g} ms at p99; "
-                f"ratios against {base})",
+                f"ratios against {base}; a verdict needs the brackets apart by the run-to-run spread of "
+                f"{report.get('capacity_spread') or 0:.0%} set for this machine)",
                 [
                     "configuration",
                     "builds on",

@@ -361,7 +361,9 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
         cost_row = next(r for r in cost_table if r[0] == config["label"])
         assert cost_row[2:5] == [str(inputs), str(outputs), f"{share:.3f}"]
         tpot_row = next(r for r in by_tpot if r[0] == config["label"])
-        assert tpot_row[by_tpot[0].index("TPOT <= 100 ms")] == f"{per_output:.4f} at {capacity:.3f} q/s"
+        # The rate as the run's LoadGen log gives it (its user.conf's, to 4 decimals).
+        at_rate = d["effective_target_qps"]
+        assert tpot_row[by_tpot[0].index("TPOT <= 100 ms")] == f"{per_output:.4f} at {at_rate:.3f} q/s"
         # Ratios against static batching, the first configuration.
         if base is None:
             base = (capacity, offline["result_tokens_per_second"], per_output)
@@ -404,6 +406,21 @@ def test_a_configuration_that_costs_capacity_is_named_a_loser():
         "undecided: no rate met the targets down to 4.500 QPS, above the capacity of chunked (4.000)"
     )
     assert verdict(none, None).startswith("no rate met the targets") and verdict(base, None) == "the baseline"
+    # With the machine's run-to-run spread (report.capacity_spread), brackets must be that far apart.
+    assert verdict({**slower, "capacity_qps": 4.4, "failed_qps": 5.0}, base, 0.3).startswith(
+        "undecided: 1.10x the capacity of chunked, within the run-to-run spread of 30%"
+    )
+    assert (
+        verdict({**slower, "capacity_qps": 5.8, "failed_qps": 6.0}, base, 0.3) == "wins: 1.45x the capacity of chunked"
+    )
+    assert verdict({**slower, "capacity_qps": 2.9, "failed_qps": 3.2}, base, 0.3).startswith("undecided: 0.72x")
+    assert (
+        verdict({**slower, "capacity_qps": 2.9, "failed_qps": 3.0}, base, 0.3) == "LOSES: 0.72x the capacity of chunked"
+    )
+    assert verdict({**none, "failed_qps": 3.5}, base, 0.3).startswith(
+        "undecided: no rate met the targets down to 3.500"
+    )
+    assert verdict(none, base, 0.3).startswith("LOSES: no rate met the targets")
     worse = {**slower, "capacity_qps": 6.0, "meets_quality_target": False}
     assert verdict(worse, base).endswith("quality under 99% of the first configuration's")
 
@@ -527,3 +544,22 @@ def test_the_bound_is_the_larger_of_memory_and_compute_time():
     # Arithmetic the peak was not measured in (int16 dot products): the memory term alone.
     b = bound({**busy, "min_flops": 3e11}, peaks, measured_arithmetic=False)
     assert (b["bound_s"], b["bound_by"]) == (2.0, "memory (no peak measured for its arithmetic)")
+
+
+def test_report_settings_refuse_what_is_malformed():
+    from harness.ablation import report_settings
+    from harness.config import HarnessConfigError
+    from systems.schema import System
+
+    demo = System.load("cpu-demo")
+    assert report_settings(demo, "llama3.1-8b")["capacity_spread"] == 0.4  # measurements/README.md
+    own = dict(demo.report)
+    for key, value, message in (
+        ("capacity_spread", -0.1, "capacity_spread must be a fraction >= 0, got -0.1"),
+        ("capacity_spread", "wide", "capacity_spread must be a fraction >= 0, got 'wide'"),
+        ("samples", 0, "samples must be a positive integer, got 0"),
+        ("budget", 3, "unknown keys ['budget']"),
+    ):
+        demo.report = {**own, key: value}
+        with pytest.raises(HarnessConfigError, match=re.escape(message)):
+            report_settings(demo, "llama3.1-8b")
