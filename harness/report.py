@@ -316,8 +316,11 @@ def build(
     price: float | None = None,
     root: Path = REPO,
     log=print,
+    spread: float | None = None,
 ) -> dict:
-    """Read the runs, compute their figures, write the page and its Markdown; return the report's data."""
+    """Read the runs, compute their figures, write the page and its Markdown; return the report's data.
+    `spread`: the machine's run-to-run spread of a capacity for the verdicts, in place of the one the
+    runs were made with (their plan's report.capacity_spread), where it has been measured since."""
     found = []
     for top in folders:
         if not top.is_dir():
@@ -352,13 +355,15 @@ def build(
         tokenizer = AutoTokenizer.from_pretrained(record["model"])
     prompts = dataset and dataset.input_ids
     references = dataset.references if dataset is not None else []
-    configs, traffic, peaks, spread = [], None, None, None
+    configs, traffic, peaks = [], None, None
     for top in folders:
         if (top / PLAN).is_file():
             plan = json.loads((top / PLAN).read_text())
+            if spread is not None:
+                plan["capacity_spread"] = spread
             configs += configurations(top, plan, runs, targets, price, prompts, references, tokenizer)
             traffic = plan.get("traffic") or traffic
-            spread = plan.get("capacity_spread", 0.0)
+            spread = plan.get("capacity_spread", 0.0)  # as the verdicts take it
         if (top / PEAKS).is_file():
             peaks = json.loads((top / PEAKS).read_text())
     figs = []
@@ -438,6 +443,12 @@ def main() -> None:
     parser.add_argument(
         "--price-per-hour", type=float, help="per accelerator- or machine-hour (default: the system file's)"
     )
+    parser.add_argument(
+        "--capacity-spread",
+        type=float,
+        help="with --logs: the machine's run-to-run spread of a capacity for the verdicts (a fraction), in "
+        "place of the one the runs were made with",
+    )
     args = parser.parse_args()
     if (args.ttft_ms is None) != (args.tpot_ms is None):
         sys.exit("error: report: give both --ttft-ms and --tpot-ms, or neither")
@@ -448,7 +459,9 @@ def main() -> None:
             runs_dir = args.out / "runs"
             run_configurations(args.system, args.benchmark, runs_dir, args.root, traffic=args.traffic)
             folders = [runs_dir]
-        report = build(folders, args.out, targets, args.price_per_hour, args.root)
+        if args.capacity_spread is not None and (args.logs is None or args.capacity_spread < 0):
+            raise HarnessConfigError("--capacity-spread is a fraction >= 0, for a page rebuilt with --logs")
+        report = build(folders, args.out, targets, args.price_per_hour, args.root, spread=args.capacity_spread)
     except (HarnessConfigError, RunLogError, DatasetError, SystemConfigError, CapacityError) as e:
         sys.exit(f"error: report: {e}")
     print(f"report: {args.out / 'report.html'} ({len(report['figures'])} runs); {headline(report)}")

@@ -552,7 +552,7 @@ def test_report_settings_refuse_what_is_malformed():
     from systems.schema import System
 
     demo = System.load("cpu-demo")
-    assert report_settings(demo, "llama3.1-8b")["capacity_spread"] == 0.4  # measurements/README.md
+    assert report_settings(demo, "llama3.1-8b")["capacity_spread"] == 0.5  # measurements/README.md
     own = dict(demo.report)
     for key, value, message in (
         ("capacity_spread", -0.1, "capacity_spread must be a fraction >= 0, got -0.1"),
@@ -563,3 +563,13 @@ def test_report_settings_refuse_what_is_malformed():
         demo.report = {**own, key: value}
         with pytest.raises(HarnessConfigError, match=re.escape(message)):
             report_settings(demo, "llama3.1-8b")
+
+
+def test_a_page_rebuilt_with_a_wider_spread_decides_less(report_run, tmp_path):
+    _, out, _, _ = report_run
+    report = build([out / "runs"], tmp_path / "page", price=PRICE, spread=100.0)
+    assert report["capacity_spread"] == 100.0
+    verdicts = [c["verdict"] for c in report["configurations"]]
+    assert verdicts[0].startswith(("the baseline", "no rate met"))
+    assert all(v.startswith("undecided") for v in verdicts[1:] if not v.startswith("wins: a capacity where")), verdicts
+    assert "run-to-run spread of 10000%" in (tmp_path / "page" / "report.md").read_text()
