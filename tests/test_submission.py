@@ -502,3 +502,46 @@ def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rat
         assert runs[-1]["effective_target_qps"] == calibration["target_qps"]
         assert runs[-1]["effective_samples_per_query"] == int(calibration["target_qps"] * 2 * 1.1)
     assert runs[-1]["result_min_duration_met"] is True and runs[-1]["result_validity"] == "VALID", runs[-1]
+
+
+@pytest.mark.parametrize("fits", [None, "would take 9 min, past the demo's budget"])
+def test_an_invalid_latency_run_runs_again_at_a_lower_rate_where_it_fits(tmp_path, fits):
+    """A Server performance run LoadGen found INVALID at the calibrated rate (the machine slowed since
+    its calibration) runs again at LATENCY_RERUN_SHARE of it, its logs kept beside the calibration;
+    where the rerun does not fit the budget the INVALID run stays, and calibration.json says why."""
+    from compliance.submission import LATENCY_RERUN_SHARE, latency_rerun
+
+    logs = tmp_path / "Server"
+    (logs / "performance").mkdir(parents=True)
+    (logs / "calibration").mkdir()
+    conf = "llama3_1-8b.Server.target_qps = 4.779\nllama3_1-8b.Server.min_query_count = 460\n"
+    (logs / "calibration" / "user.conf").write_text(conf)
+    summary = "Server: target_qps 4.779, 90% of the capacity LoadGen runs found"
+    (logs / "calibration" / "calibration.json").write_text(json.dumps({"target_qps": 4.779, "summary": summary}))
+
+    def detail(validity):
+        values = {
+            "result_validity": validity,
+            "effective_target_qps": 4.779,
+            "result_first_token_99.00_percentile_latency_ns": 2_405_000_000,
+            "result_time_per_output_token_99.00_percentile_ns": 92_500_000,
+        }
+        lines = [MLLOG_MARKER + " " + json.dumps({"key": k, "value": v, "metadata": {}}) for k, v in values.items()]
+        (logs / "performance" / "mlperf_log_detail.txt").write_text("\n".join(lines) + "\n")
+
+    detail("VALID")
+    assert latency_rerun(logs, "llama3_1-8b", lambda text: fits) == (None, None)
+    detail("INVALID")
+    rerun, said = latency_rerun(logs, "llama3_1-8b", lambda text: fits)
+    record = json.loads((logs / "calibration" / "calibration.json").read_text())
+    qps = round(4.779 * LATENCY_RERUN_SHARE, 4)
+    assert said.startswith("the performance run at 4.779 QPS was INVALID (p99 TTFT 2405 ms, TPOT 92.5 ms)")
+    assert record["summary"] == f"{summary}; {said}"
+    if fits is None:
+        assert rerun == ["--user-conf", str(logs / "calibration" / "user.conf")] and record["target_qps"] == qps
+        assert f"llama3_1-8b.Server.target_qps = {qps}\n" in (logs / "calibration" / "user.conf").read_text()
+        assert (logs / "calibration" / "invalid-run-1" / "mlperf_log_detail.txt").is_file()
+        assert not (logs / "performance").exists() and f"run again at {qps} QPS" in said
+    else:
+        assert rerun is None and record["target_qps"] == 4.779 and said.endswith(f"a rerun at {qps} QPS {fits}")
+        assert (logs / "calibration" / "user.conf").read_text() == conf and (logs / "performance").is_dir()
