@@ -355,7 +355,7 @@ def build(
         tokenizer = AutoTokenizer.from_pretrained(record["model"])
     prompts = dataset and dataset.input_ids
     references = dataset.references if dataset is not None else []
-    configs, traffic, peaks = [], None, None
+    configs, traffic, peaks, used_spread = [], None, None, spread
     for top in folders:
         if (top / PLAN).is_file():
             plan = json.loads((top / PLAN).read_text())
@@ -363,7 +363,7 @@ def build(
                 plan["capacity_spread"] = spread
             configs += configurations(top, plan, runs, targets, price, prompts, references, tokenizer)
             traffic = plan.get("traffic") or traffic
-            spread = plan.get("capacity_spread", 0.0)  # as the verdicts take it
+            used_spread = plan.get("capacity_spread", 0.0)  # as the verdicts took it
         if (top / PEAKS).is_file():
             peaks = json.loads((top / PEAKS).read_text())
     figs = []
@@ -389,7 +389,7 @@ def build(
         "notes": notes,
         "traffic": traffic,
         "peaks": peaks,
-        "capacity_spread": spread,
+        "capacity_spread": used_spread,
         "configurations": configs,
         "figures": [asdict(f) for f in figs],
         "runs": [
