@@ -5,9 +5,16 @@ samples, each building on the last, every one measured the same way:
 2. continuous batching on the paged KV cache, whole prompts;
 3. chunked prefill, with the system's TPOT guard where it has one: the system's own batching;
 4. each speculative proposer of the system's `report.proposers`, on 3;
-5. each numerics option of `report.numerics` (an engine setting turned on), cumulatively on 3.
+5. each numerics option of `report.numerics` (an engine setting turned on), cumulatively on 3;
+6. each layout of `report.layouts` (engine settings that place the engine on the machine's devices
+   otherwise: data-parallel replicas, disaggregated prefill and decode workers; for the benchmarks
+   it names, all without) on the last of 5, the system's own settings.
 Configurations 1-4 run with every numerics option off, so that only 5 can move quality; a system
 that speculates in its own settings has that taken out of 1-3 and 5.
+
+The searches' targets are the Server limits and the engine's settings the system's Server ones, or
+another scenario's (`scenario`: Interactive), or targets given (`targets`); `only` runs the
+configurations whose labels name one of its words (a comparison at tighter targets).
 
 Each configuration gets, in its folder under the runs folder:
 - `offline/`: a LoadGen Offline run of `report.samples` samples, each once: its throughput at
@@ -56,7 +63,15 @@ ARRIVALS = "arrivals.json"  # in the runs folder: a traffic sample's arrival tim
 PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/roofline.py)
 SCENARIO = "Server"
 GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
-DEFAULTS = {"samples": 100, "budget_min": 27, "max_trials": 6, "proposers": [], "numerics": [], "capacity_spread": 0.0}
+DEFAULTS = {
+    "samples": 100,
+    "budget_min": 27,
+    "max_trials": 6,
+    "proposers": [],
+    "numerics": [],
+    "layouts": [],
+    "capacity_spread": 0.0,
+}
 NUMERICS_FOLDER = "05-numerics-"  # a numerics option's configuration: its arithmetic is not fp32's
 START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
 LOW_LOAD_SHARE = 0.5  # of the capacity: the rate of the trial that shows goodput well below it
@@ -106,6 +121,20 @@ def report_settings(system: System, benchmark: str) -> dict:
                 f"{where}.price_per_accelerator_hour needs the description's accelerators_per_node ({e!r})"
             ) from None
         settings["price_per_hour"] = settings.pop("price_per_accelerator_hour") * accelerators
+    for i, layout in enumerate(settings["layouts"]):
+        if not (
+            isinstance(layout, dict)
+            and {"name", "engine"} <= set(layout) <= {"name", "engine", "benchmarks"}
+            and isinstance(layout["engine"], dict)
+            and isinstance(layout.get("benchmarks", []), list)
+        ):
+            raise HarnessConfigError(
+                f"{where}.layouts[{i}] must be an object with a name, its engine settings and optionally the "
+                f"benchmarks it is for, got {layout!r}"
+            )
+    settings["layouts"] = [
+        layout for layout in settings["layouts"] if benchmark in layout.get("benchmarks", [benchmark])
+    ]
     spread = settings["capacity_spread"]
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
         raise HarnessConfigError(f"{where}.capacity_spread must be a fraction >= 0, got {spread!r}")
@@ -124,11 +153,11 @@ def with_setting(engine: dict, path: str, value) -> dict:
     return {**engine, head: with_setting(dict(engine.get(head) or {}), rest, value)}
 
 
-def configurations(system: System, benchmark: str, longest_prompt: int) -> list[Config]:
+def configurations(system: System, benchmark: str, longest_prompt: int, scenario: str = SCENARIO) -> list[Config]:
     from sut.config.speculative import SpeculativeConfig
 
     report = report_settings(system, benchmark)
-    own = system.engine_settings(SCENARIO, benchmark)
+    own = system.engine_settings(scenario, benchmark)
     exact = {k: v for k, v in own.items() if k != "speculative_config"}
     for option in report["numerics"]:
         exact = with_setting(exact, option["setting"], False)
@@ -193,7 +222,29 @@ def configurations(system: System, benchmark: str, longest_prompt: int) -> list[
             )
         )
         last = configs[-1]
+    for i, layout in enumerate(report["layouts"], 1):
+        configs.append(
+            Config(
+                f"06-layout-{i}",
+                layout["name"],
+                "engine settings " + json.dumps(layout["engine"], sort_keys=True),
+                last.label,
+                {**last.engine, **layout["engine"]},
+            )
+        )
     return configs
+
+
+def select(configs: list[Config], only: list[str] | None) -> list[Config]:
+    """The configurations whose labels contain one of the words of `only` (all without it)."""
+    if not only:
+        return configs
+    chosen = [c for c in configs if any(word.lower() in c.label.lower() for word in only)]
+    if not chosen:
+        raise HarnessConfigError(
+            f"no configuration's label contains any of {only}; labels: {[c.label for c in configs]}"
+        )
+    return chosen
 
 
 def offline_conf(loadgen_model: str, samples: int) -> str:
@@ -311,27 +362,38 @@ def run_configurations(
     log=print,
     clock: Callable[[], float] = time.monotonic,
     traffic: Path | None = None,
+    scenario: str = SCENARIO,
+    targets: tuple[float, float] | None = None,
+    only: list[str] | None = None,
+    budget_min: float | None = None,
 ) -> list[Config]:
     """Run every configuration (each checked before any starts): its Offline run, then its capacity
     search (module doc); return them. With `traffic` (harness/traffic.py), on its requests in place
     of the benchmark's dataset. Raises HarnessConfigError naming the run that failed."""
     system = System.load(system_name, root)
     report = report_settings(system, benchmark)
+    if budget_min is not None:
+        report["budget_min"] = budget_min
     bench = BENCHMARKS[benchmark]
-    targets = bench.latency_limits_ms[SCENARIO]
+    if scenario not in bench.latency_limits_ms:
+        raise HarnessConfigError(f"{benchmark} has no latency limits for {scenario}: {sorted(bench.latency_limits_ms)}")
+    targets = tuple(targets or bench.latency_limits_ms[scenario])
     runs_dir.mkdir(parents=True, exist_ok=True)
     plan = {
         "system": system_name,
         "benchmark": benchmark,
+        "settings_scenario": scenario,
         "targets_ms": list(targets),
         "capacity_spread": report["capacity_spread"],
     }
     dataset, arrivals = samples_from(system, benchmark, traffic, runs_dir, plan)
     dataset_args = ("--dataset", runs_dir / TRAFFIC) if traffic is not None else ()
     samples = plan["samples"] = min(report["samples"], len(dataset))
+    if arrivals and targets != tuple(bench.latency_limits_ms[SCENARIO]):
+        raise HarnessConfigError("a traffic sample's replays are judged at the Server limits: give no other targets")
     if arrivals:  # replayed: the first `samples` arrivals, request i sample i
         (runs_dir / ARRIVALS).write_text(json.dumps(arrivals[:samples]) + "\n")
-    configs = configurations(system, benchmark, max(map(len, dataset.input_ids)))
+    configs = select(configurations(system, benchmark, max(map(len, dataset.input_ids)), scenario), only)
     (runs_dir / "offline.conf").write_text(offline_conf(bench.loadgen_name("Offline"), samples))
     for config in configs:
         RunConfig.resolve(
@@ -380,6 +442,7 @@ def run_configurations(
                     log=lambda line: log(f"report:   {line}"),
                     queries=lambda qps: trial_queries(qps, samples),
                     worker=worker,
+                    limits_ms=targets,
                 )
 
             def trial(qps: float) -> Trial:

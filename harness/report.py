@@ -332,6 +332,9 @@ def build(
     runs = {path: read_run(path) for _, path in found}
     record = next((run.record for run in runs.values() if run.record), {})
     benchmark = BENCHMARKS.get(record.get("benchmark", ""))
+    planned = [json.loads((top / PLAN).read_text()) for top in folders if (top / PLAN).is_file()]
+    if targets is None and planned and "targets_ms" in planned[0]:  # what the searches met
+        targets = tuple(planned[0]["targets_ms"])
     if targets is None:
         if benchmark is None or SCENARIO not in benchmark.latency_limits_ms:
             raise RunLogError("the runs do not name a benchmark with Server limits: give --ttft-ms and --tpot-ms")
@@ -438,8 +441,24 @@ def main() -> None:
         "in place of the benchmark's dataset",
     )
     parser.add_argument("--root", type=Path, default=REPO, help="the folder holding systems/ and measurements/")
-    parser.add_argument("--ttft-ms", type=float, help="goodput's TTFT target (default: the benchmark's Server limit)")
-    parser.add_argument("--tpot-ms", type=float, help="goodput's TPOT target (default: the benchmark's Server limit)")
+    parser.add_argument(
+        "--scenario",
+        default="Server",
+        help="whose latency limits the searches meet and whose engine settings the configurations take "
+        "(Server, or Interactive)",
+    )
+    parser.add_argument(
+        "--ttft-ms", type=float, help="the TTFT target of the searches and of goodput (default: the scenario's limit)"
+    )
+    parser.add_argument(
+        "--tpot-ms", type=float, help="the TPOT target of the searches and of goodput (default: the scenario's limit)"
+    )
+    parser.add_argument(
+        "--configurations",
+        help="comma-separated words: run only the configurations whose labels contain one (e.g. "
+        "'int16,replicas,disaggregated')",
+    )
+    parser.add_argument("--budget-min", type=float, help="the runs' budget in minutes (default: the system file's)")
     parser.add_argument(
         "--price-per-hour", type=float, help="per accelerator- or machine-hour (default: the system file's)"
     )
@@ -457,7 +476,17 @@ def main() -> None:
         folders = args.logs
         if folders is None:
             runs_dir = args.out / "runs"
-            run_configurations(args.system, args.benchmark, runs_dir, args.root, traffic=args.traffic)
+            run_configurations(
+                args.system,
+                args.benchmark,
+                runs_dir,
+                args.root,
+                traffic=args.traffic,
+                scenario=args.scenario,
+                targets=targets,
+                only=args.configurations.split(",") if args.configurations else None,
+                budget_min=args.budget_min,
+            )
             folders = [runs_dir]
         if args.capacity_spread is not None and (args.logs is None or args.capacity_spread < 0):
             raise HarnessConfigError("--capacity-spread is a fraction >= 0, for a page rebuilt with --logs")

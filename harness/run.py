@@ -275,6 +275,8 @@ def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "busy_s": engine.busy_stats(),
     }
+    if hasattr(engine, "transfer_stats"):  # disaggregated serving's KV transfers (sut/engine/disaggregated.py)
+        record["kv_transfer"] = engine.transfer_stats()
     (cfg.log_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 

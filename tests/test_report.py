@@ -171,6 +171,7 @@ def report_run(tiny_llama, tmp_path_factory):
                 "samples": SAMPLES,
                 "max_trials": 2,
                 "proposers": [{"method": "ngram", "num_speculative_tokens": 2}],
+                "layouts": [{"name": "disaggregated", "engine": {"disaggregation": {"prefill": 1, "decode": 1}}}],
                 "price_per_hour": PRICE,
             },
         },
@@ -259,8 +260,14 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
     runs = out / "runs"
     plan = json.loads((runs / "ablation.json").read_text())
     labels = [c["label"] for c in plan["configs"]]
-    assert labels == ["static batching", "continuous batching", "chunked prefill", "n-gram speculation"]
-    assert re.search(rf"^report: \[1/4\] static batching: Offline, {SAMPLES} samples", stdout, re.MULTILINE)
+    assert labels == [
+        "static batching",
+        "continuous batching",
+        "chunked prefill",
+        "n-gram speculation",
+        "disaggregated",
+    ]
+    assert re.search(rf"^report: \[1/5\] static batching: Offline, {SAMPLES} samples", stdout, re.MULTILINE)
     tables = Tables((out / "report.html").read_text()).tables
     headline, searches, cost_table, by_tpot = (
         tables["headline"],
@@ -559,10 +566,33 @@ def test_report_settings_refuse_what_is_malformed():
         ("capacity_spread", "wide", "capacity_spread must be a fraction >= 0, got 'wide'"),
         ("samples", 0, "samples must be a positive integer, got 0"),
         ("budget", 3, "unknown keys ['budget']"),
+        ("layouts", [{"name": "two"}], "layouts[0] must be an object with a name, its engine settings"),
     ):
         demo.report = {**own, key: value}
         with pytest.raises(HarnessConfigError, match=re.escape(message)):
             report_settings(demo, "llama3.1-8b")
+
+
+def test_layouts_build_on_the_systems_own_settings_and_a_comparison_selects_by_label():
+    from harness.ablation import configurations, select
+    from harness.config import HarnessConfigError
+    from systems.schema import System
+
+    demo = System.load("cpu-demo")
+    configs = configurations(demo, "llama3.1-8b", 100)
+    own = next(c for c in configs if c.label == "int16 activations")  # the last numerics option: the system's own
+    layouts = [c for c in configs if c.folder.startswith("06-layout-")]
+    assert [c.label for c in layouts] == [layout["name"] for layout in demo.report["layouts"]]
+    for config, layout in zip(layouts, demo.report["layouts"]):
+        assert config.builds_on == own.label and config.engine == {**own.engine, **layout["engine"]}
+    interactive = configurations(demo, "llama3.1-8b", 100, "Interactive")
+    assert (
+        interactive[-1].engine["tpot_target_ms"] == demo.engine_settings("Interactive", "llama3.1-8b")["tpot_target_ms"]
+    )
+    chosen = select(configs, ["INT16", "disaggregated"])
+    assert [c.label for c in chosen] == [own.label] + [c.label for c in layouts if "disaggregated" in c.label]
+    with pytest.raises(HarnessConfigError, match="no configuration's label contains any of"):
+        select(configs, ["nothing"])
 
 
 def test_a_page_rebuilt_with_a_wider_spread_decides_less(report_run, tmp_path):

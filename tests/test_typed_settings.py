@@ -10,6 +10,7 @@ import pytest
 from sut import LLM, ConfigError, InvalidRequestError, LLMEngine, SamplingParams
 from sut.config import EngineConfig
 from sut.config.cpu import CpuSettings
+from sut.config.disaggregation import DisaggregationConfig
 from sut.config.engine import KIND_WORDS, _kind_of
 from sut.config.speculative import SpeculativeConfig
 from tests.helpers import random_prompts
@@ -87,7 +88,9 @@ def test_every_setting_has_a_kind_the_check_knows():
     """A new setting is checked as soon as it is declared: its annotation names its kind."""
     for f in fields(EngineConfig):
         kind, _ = _kind_of(f.type)
-        assert kind in KIND_WORDS or kind in (CpuSettings, SpeculativeConfig), f"{f.name}: {f.type}"
+        assert kind in KIND_WORDS or kind in (CpuSettings, SpeculativeConfig, DisaggregationConfig), (
+            f"{f.name}: {f.type}"
+        )
 
 
 @pytest.mark.parametrize(

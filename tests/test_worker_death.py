@@ -1,4 +1,5 @@
-"""A data-parallel replica or a tensor-parallel rank killed in the middle of a LoadGen run: the
+"""A data-parallel replica, a tensor-parallel rank or a disaggregated prefill or decode worker killed
+in the middle of a LoadGen run (Offline; Server for the disaggregated workers): the
 harness (harness/loadgen_sut.py's loop, harness/run.py's `_abandon`) answers every sample LoadGen
 issued exactly once, says which process died, marks the run's folder failed, exits with status 3
 within seconds, and leaves no process behind. Each run is its own Python process, since `_abandon` ends the process.
@@ -23,7 +24,7 @@ import harness.loadgen_sut as loadgen_sut
 from harness.loadgen_sut import EngineSUT, construct_qsl
 from compliance.run_folder import RunFolder
 from harness.run import _abandon
-from sut import LLMEngine, ReplicaPool, SamplingParams
+from sut import LLMEngine, ReplicaPool, SamplingParams, make_engine
 from tests.helpers import random_prompts
 
 model, kind, out = sys.argv[1:]
@@ -32,10 +33,13 @@ folder.open({})
 settings = dict(num_kv_blocks=256, max_num_seqs=4, device="cpu")  # 4 at a time: a run of many steps
 if kind == "replica":
     engine = ReplicaPool(model, 2, **settings)
-else:
+elif kind == "rank":
     engine = LLMEngine(model, tensor_parallel_size=2, **settings)
-victim = engine.workers.procs[1] if kind == "replica" else engine.ranks.procs[0]
-children = [p.pid for p in (engine.workers.procs if kind == "replica" else engine.ranks.procs)]
+else:
+    engine = make_engine(model, disaggregation={"prefill": 1, "decode": 1}, **settings)
+server = kind in ("prefill", "decode")
+victim = engine.ranks.procs[0] if kind == "rank" else engine.workers.procs[1 if kind in ("replica", "decode") else 0]
+children = [p.pid for p in (engine.ranks.procs if kind == "rank" else engine.workers.procs)]
 issued, answered = [], []
 complete = loadgen_sut._complete
 def counted(sample_id, tokens, first_token=False):
@@ -56,7 +60,7 @@ def issue_counted(self, samples):
     issue(self, samples)
 EngineSUT.issue_queries = issue_counted
 prompts = random_prompts([20] * 64, seed=4)
-sut = EngineSUT(engine, prompts, SamplingParams(max_tokens=230, min_tokens=1, ignore_eos=True), False, on_fatal=fatal)
+sut = EngineSUT(engine, prompts, SamplingParams(max_tokens=230, min_tokens=1, ignore_eos=True), server, on_fatal=fatal)
 
 killed = []
 def kill_when_busy():
@@ -68,9 +72,11 @@ threading.Thread(target=kill_when_busy, daemon=True).start()
 
 qsl = construct_qsl(len(prompts), len(prompts))
 settings = lg.TestSettings()
-settings.scenario, settings.mode = lg.TestScenario.Offline, lg.TestMode.PerformanceOnly
+settings.scenario = lg.TestScenario.Server if server else lg.TestScenario.Offline
+settings.mode = lg.TestMode.PerformanceOnly
 settings.use_token_latencies = True
 settings.min_query_count, settings.min_duration_ms = len(prompts), 0
+settings.server_target_qps = 500
 log_settings = lg.LogSettings()
 log_settings.log_output.outdir = os.path.dirname(out)
 sut.run_test(qsl, settings, log_settings)
@@ -79,7 +85,15 @@ sys.exit(0)
 """
 
 
-@pytest.mark.parametrize("kind, name", [("replica", "data-parallel replica 1"), ("rank", "tensor-parallel rank 1")])
+@pytest.mark.parametrize(
+    "kind, name",
+    [
+        ("replica", "data-parallel replica 1"),
+        ("rank", "tensor-parallel rank 1"),
+        ("prefill", "prefill worker 0"),
+        ("decode", "decode worker 0"),
+    ],
+)
 def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_answered_once(
     tiny_llama, tmp_path, kind, name
 ):

@@ -1,7 +1,9 @@
 """Configuration: the checkpoint's model configuration (model.py) and the engine's settings
-(engine.py, with the CPU backend's in cpu.py and speculative decoding's in speculative.py)."""
+(engine.py, with the CPU backend's in cpu.py, speculative decoding's in speculative.py and
+disaggregated serving's in disaggregation.py)."""
 
 from sut.config.cpu import CpuSettings
+from sut.config.disaggregation import DisaggregationConfig
 from sut.config.engine import EngineConfig
 from sut.config.model import DTYPES, SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
 from sut.config.speculative import SpeculativeConfig
@@ -10,6 +12,7 @@ __all__ = [
     "DTYPES",
     "SUPPORTED_ARCHITECTURES",
     "CpuSettings",
+    "DisaggregationConfig",
     "EngineConfig",
     "ModelConfig",
     "RopeScaling",

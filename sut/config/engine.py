@@ -6,6 +6,7 @@ import typing
 from dataclasses import dataclass, fields
 
 from sut.config.cpu import CpuSettings
+from sut.config.disaggregation import DisaggregationConfig
 from sut.config.model import DTYPES
 from sut.config.speculative import SpeculativeConfig
 from sut.errors import ConfigError
@@ -46,6 +47,8 @@ class EngineConfig:
     tensor_parallel_size: int = 1  # ranks one model is split over, each a process (sut/parallel/)
     cpu: CpuSettings = CpuSettings()  # the CPU backend's own settings (sut/config/cpu.py), given as a dict
     speculative_config: SpeculativeConfig | None = None  # speculative decoding (config/speculative.py), a dict
+    # Prefill and decode workers in place of one engine (config/disaggregation.py), a dict.
+    disaggregation: DisaggregationConfig | None = None
 
     @staticmethod
     def from_kwargs(**kwargs) -> "EngineConfig":
@@ -58,6 +61,7 @@ class EngineConfig:
                 **kwargs,
                 "cpu": CpuSettings.from_value(kwargs.get("cpu", {})),
                 "speculative_config": SpeculativeConfig.from_value(kwargs.get("speculative_config")),
+                "disaggregation": DisaggregationConfig.from_value(kwargs.get("disaggregation")),
             }
         )
         config.validate()
@@ -69,7 +73,7 @@ class EngineConfig:
             kind, optional = _kind_of(f.type)
             value = getattr(self, f.name)
             if kind not in KIND_WORDS or (optional and value is None):
-                continue  # cpu and speculative_config: checked by their own classes (from_kwargs)
+                continue  # cpu, speculative_config, disaggregation: checked by their own classes (from_kwargs)
             what, test = RANGES.get(f.name, (KIND_WORDS[kind], None))
             if not _is_kind(value, kind) or (test is not None and not test(value)):
                 raise ConfigError(
@@ -86,6 +90,16 @@ class EngineConfig:
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
         if self.static_batching and self.speculative_config is not None:
             raise ConfigError("engine settings static_batching and speculative_config do not go together")
+        if self.disaggregation is not None:
+            if self.static_batching:
+                raise ConfigError("engine settings static_batching and disaggregation do not go together")
+            if self.data_parallel_size > 1:
+                raise ConfigError(
+                    "engine settings data_parallel_size > 1 and disaggregation do not go together: the prefill "
+                    "and decode workers are the replicas"
+                )
+            if self.tensor_parallel_size > 1:
+                raise ConfigError("engine settings tensor_parallel_size > 1 and disaggregation do not go together yet")
         if self.speculative_config is not None:
             self.speculative_config.check_fits(self.max_model_len or 2**31, self.max_num_batched_tokens)
 

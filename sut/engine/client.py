@@ -1,7 +1,7 @@
 """The engine-client interface: what the LoadGen harness, `LLM` and the report drive, whichever
 engine runs behind it. `LLMEngine` is one engine in this process; `ReplicaPool` runs one in each of
-several processes; the disaggregated pool of prefill and decode workers is the next. `make_engine`
-returns the one the settings ask for."""
+several processes; `DisaggregatedPool` runs prefill and decode workers. `make_engine` returns the one
+the settings ask for."""
 
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -9,6 +9,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from sut.config import EngineConfig
+from sut.engine.disaggregated import DisaggregatedPool
 from sut.engine.llm_engine import LLMEngine
 from sut.engine.replicas import ReplicaPool
 from sut.engine.resolve import resolve
@@ -66,9 +67,11 @@ class EngineClient(Protocol):
 
 
 def make_engine(model: str | Path, **settings) -> EngineClient:
-    """The engine client the settings ask for: one LLMEngine, or with data_parallel_size > 1 a pool of
-    them."""
+    """The engine client the settings ask for: one LLMEngine, with data_parallel_size > 1 a pool of
+    them, with disaggregation prefill and decode workers."""
     resolved = resolve(model, EngineConfig.from_kwargs(**settings))  # the one settings check
+    if resolved.engine.disaggregation is not None:
+        return DisaggregatedPool.from_resolved(resolved)
     if resolved.engine.data_parallel_size == 1:
         return LLMEngine.from_resolved(resolved)
     return ReplicaPool.from_resolved(resolved)

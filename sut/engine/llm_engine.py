@@ -40,10 +40,10 @@ from sut.worker.tp_worker import worker_main
 class LLMEngine:
     def __init__(self, model_path: str | Path, **settings):
         config = EngineConfig.from_kwargs(**settings)
-        if config.data_parallel_size > 1:
+        if config.data_parallel_size > 1 or config.disaggregation is not None:
             raise ConfigError(
-                "engine setting data_parallel_size > 1 runs several engines: use sut.make_engine "
-                "(or LLM), which starts them"
+                "engine settings data_parallel_size > 1 and disaggregation run several engines: use "
+                "sut.make_engine (or LLM), which starts them"
             )
         self._start(resolve(model_path, config))
 
@@ -80,6 +80,7 @@ class LLMEngine:
         except BaseException:
             self.close()
             raise
+        self.kv_export = None  # set_kv_export's, kept across resets
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
         self.proposer: Proposer | None = None
@@ -97,6 +98,9 @@ class LLMEngine:
                 self.runner.num_blocks,
                 self.default_generator,
             )
+        # Sample through the verifier (a sequence with no drafts too), as a speculating engine does; a
+        # disaggregated prefill worker of a speculating pool sets it, so its first tokens draw as that.
+        self.verify_drafts = self.proposer is not None
         self._lock = threading.Lock()
         self._inbox: list[tuple[str, object]] = []  # ("add", Sequence) or ("abort", request_id)
         self._live: dict[object, Sequence] = {}  # request_id -> its sequence, until finished
@@ -138,6 +142,22 @@ class LLMEngine:
             self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
         )
         self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
+        self.scheduler.kv_export = self.kv_export
+
+    def set_kv_export(self, export: Callable[[Sequence], None] | None) -> None:
+        """Disaggregated serving's prefill side: `export(seq)` is called when a sequence reaches its
+        max_tokens, before its blocks are freed (Scheduler.kv_export)."""
+        self.kv_export = self.scheduler.kv_export = export
+
+    def add_prefilled(self, seq: Sequence) -> None:
+        """Disaggregated serving's decode side, from the thread that steps the engine: `seq` holds
+        blocks of this engine's pool with its prompt's K/V in them (`num_computed_tokens`) and its
+        first token in `output_token_ids`; it decodes from the next step on."""
+        with self._lock:
+            if seq.request_id in self._live:
+                raise InvalidRequestError(f"request id {seq.request_id!r} is already in use")
+            self._live[seq.request_id] = seq
+        self.scheduler.admit_prefilled(seq)
 
     def warmup(self) -> float:
         """Run, before a timed run starts, what its steps will run for the first time: a prompt alone
@@ -236,7 +256,7 @@ class LLMEngine:
                 raise WorkerError(dead) from e
             raise
         return self.runner.sample(
-            logits, batch, self.eos_token_ids, self.default_generator, verify_drafts=self.proposer is not None
+            logits, batch, self.eos_token_ids, self.default_generator, verify_drafts=self.verify_drafts
         )
 
     def _take_inbox(self) -> list[Sequence]:

@@ -16,6 +16,7 @@ import os
 import queue
 import signal
 import threading
+import time
 import weakref
 from collections.abc import Callable
 from pathlib import Path
@@ -54,57 +55,107 @@ def placements(n: int, device: str, gpus_each: int = 1) -> list[dict]:
     return [dict(env={"OMP_NUM_THREADS": str(share)}, cores=cores[i * share : (i + 1) * share]) for i in range(n)]
 
 
+IDLE_POLL_S = 1.0  # how long an idle replica waits for a message before checking that its parent lives
+
+
+class ReplicaServer:
+    """A replica process's loop: take the pool's messages, step the engine while it has work, and
+    after each step send back what it produced: ("step", index, streamed tokens, finished outputs,
+    `extra()`). Disaggregated serving's workers (sut/engine/disaggregated.py) add to it."""
+
+    def __init__(self, index: int, engine: LLMEngine, inbox, outbox):
+        self.index, self.engine, self.inbox, self.outbox = index, engine, inbox, outbox
+        self.streamed: list[tuple[object, int]] = []  # (request id, token) of this step, for the parent's on_token
+        self.finished: list[RequestOutput] = []  # answered outside a step (a refused request)
+
+    def on_token(self, request_id, stream: bool):
+        return (lambda token: self.streamed.append((request_id, token))) if stream else None
+
+    def busy(self) -> bool:
+        """Work to do without waiting for a message."""
+        return self.engine.has_unfinished()
+
+    def wait_s(self) -> float:
+        return IDLE_POLL_S
+
+    def run(self) -> None:
+        """Until told to stop or the parent is gone."""
+        parent = os.getppid()
+        while True:
+            messages = []
+            while not messages and not self.busy():
+                try:
+                    messages.append(self.inbox.get(timeout=self.wait_s()))
+                except queue.Empty:
+                    if os.getppid() != parent:  # orphaned (the parent was killed): nobody to answer
+                        return
+                    self.poll()
+            while True:
+                try:
+                    messages.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for kind, *args in messages:
+                if kind == "stop":
+                    return
+                self.handle(kind, args)
+            self.poll()
+            if self.engine.has_unfinished():
+                try:
+                    self.finished += self.engine.step()
+                except Exception as e:  # noqa: BLE001 - fail what is in flight, answer it, keep serving
+                    self.finished += self.fail(f"engine step failed in {self.describe()}: {e!r}")
+            extra = self.extra()
+            if self.finished or self.streamed or extra:
+                self.outbox.put(("step", self.index, self.streamed, self.finished, extra))
+                self.streamed, self.finished = [], []
+
+    def describe(self) -> str:
+        return f"data-parallel replica {self.index}"
+
+    def handle(self, kind: str, args: list) -> None:
+        if kind == "add":
+            request_id, prompt, params, stream = args
+            try:
+                self.engine.add_request(prompt, params, request_id, self.on_token(request_id, stream))
+            except SaafError as e:
+                self.finished.append(RequestOutput(request_id, prompt, [], None, "error", str(e)))
+        elif kind == "abort":
+            self.engine.abort(args[0])
+        elif kind == "call":  # a method the pool calls on every replica (warmup, the stats): its own or the engine's
+            method = getattr(self, args[0], None) or getattr(self.engine, args[0])
+            self.outbox.put(("reply", self.index, method()))
+
+    def poll(self) -> None:
+        """Before each step, and while idle: what a worker attends to besides its engine."""
+
+    def fail(self, error: str) -> list[RequestOutput]:
+        return self.engine.fail_all(error)
+
+    def extra(self) -> dict | None:
+        """What else goes to the pool after a step; None: nothing."""
+        return None
+
+
 def _replica_main(index: int, resolved: ResolvedConfig, cores: list[int] | None, inbox, outbox) -> None:
-    """A replica's process (its environment set at spawn): build the engine, then step it and take
-    requests until told to stop or its parent is gone."""
+    """A replica's process (its environment set at spawn): build the engine, then serve."""
     # Ctrl-C reaches the whole process group: the parent decides what it means and stops the replicas.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    parent = os.getppid()
-    if cores:
-        os.sched_setaffinity(0, cores)
-        torch.set_num_threads(len(cores))
+    pin(cores)
     try:
         engine = LLMEngine.from_resolved(resolved)
     except Exception as e:  # noqa: BLE001 - reported to the parent, which names the replica
         outbox.put(("failed", index, f"{type(e).__name__}: {e}"))
         return
-    outbox.put(("ready", index, engine.max_model_len))
-    streamed: list[tuple[object, int]] = []  # (request id, token) of this step, for the parent's on_token
-    while True:
-        messages = []
-        while not messages and not engine.has_unfinished():
-            try:
-                messages.append(inbox.get(timeout=1.0))
-            except queue.Empty:
-                if os.getppid() != parent:  # orphaned (the parent was killed): nobody to answer
-                    return
-        while True:
-            try:
-                messages.append(inbox.get_nowait())
-            except queue.Empty:
-                break
-        for kind, *args in messages:
-            if kind == "stop":
-                return
-            if kind == "add":
-                request_id, prompt, params, stream = args
-                on_token = (lambda token, rid=request_id: streamed.append((rid, token))) if stream else None
-                try:
-                    engine.add_request(prompt, params, request_id, on_token)
-                except SaafError as e:
-                    outbox.put(("step", index, [], [RequestOutput(request_id, prompt, [], None, "error", str(e))]))
-            elif kind == "abort":
-                engine.abort(args[0])
-            elif kind == "call":  # an engine method the pool calls on every replica (warmup, the stats)
-                outbox.put(("reply", index, getattr(engine, args[0])()))
-        if engine.has_unfinished():
-            try:
-                finished = engine.step()
-            except Exception as e:  # noqa: BLE001 - fail what is in flight, answer it, keep serving
-                finished = engine.fail_all(f"engine step failed in data-parallel replica {index}: {e!r}")
-            if finished or streamed:
-                outbox.put(("step", index, streamed, finished))
-                streamed = []
+    outbox.put(("ready", index, engine.max_model_len, engine.block_manager.num_blocks))
+    ReplicaServer(index, engine, inbox, outbox).run()
+
+
+def pin(cores: list[int] | None) -> None:
+    """A CPU worker on its own cores, with as many threads."""
+    if cores:
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(len(cores))
 
 
 class ReplicaPool:
@@ -124,25 +175,32 @@ class ReplicaPool:
         return pool
 
     def _start(self, resolved: ResolvedConfig) -> None:
-        data_parallel_size = resolved.engine.data_parallel_size
+        n = resolved.engine.data_parallel_size
+        self._launch(
+            resolved,
+            _replica_main,
+            lambda i, cores: (i, for_replica(resolved), cores),
+            [f"data-parallel replica {i}" for i in range(n)],
+        )
+
+    def _launch(self, resolved: ResolvedConfig, target: Callable, args: Callable, names: list[str]) -> None:
+        """Start `len(names)` workers, worker i running `target(*args(i, its cores), inbox, outbox)`
+        on its own devices or cores, and wait until each has its engine ready."""
+        n = len(names)
         self.config, self.model_config = resolved.engine, resolved.model
         self.tokenizer = load_tokenizer(resolved.folder)
         self.dtype, self.device = resolved.dtype, torch.device(resolved.device)
-        device = resolved.device
-        self.num_replicas = data_parallel_size
+        self.num_replicas = n
         ctx = mp.get_context("spawn")
         self._outbox = ctx.Queue()
-        self._inboxes = [ctx.Queue() for _ in range(data_parallel_size)]
-        self.placements = placements(data_parallel_size, device, self.config.tensor_parallel_size)
+        self._inboxes = [ctx.Queue() for _ in range(n)]
+        self.placements = placements(n, resolved.device, self.config.tensor_parallel_size)
         # Not daemonic, so that a replica can start tensor-parallel ranks of its own; the finalizer
         # below stops them at exit, and each stops by itself when orphaned.
         self.workers = WorkerGroup(
-            _replica_main,
-            [
-                (i, for_replica(resolved), p["cores"], self._inboxes[i], self._outbox)
-                for i, p in enumerate(self.placements)
-            ],
-            [f"data-parallel replica {i}" for i in range(data_parallel_size)],
+            target,
+            [(*args(i, p["cores"]), self._inboxes[i], self._outbox) for i, p in enumerate(self.placements)],
+            names,
             envs=[p["env"] for p in self.placements],
             daemon=False,
             where=[
@@ -159,16 +217,18 @@ class ReplicaPool:
         self._stop = weakref.finalize(self, self.workers.stop, ask_to_stop)
         self._lock = threading.Lock()
         self._live: dict[object, tuple[int, int, Callable | None, Sequence]] = {}  # id -> replica, cost, on_token, seq
-        self._outstanding = [0] * data_parallel_size
+        self._outstanding = [0] * n
         self._next_id = iter(range(2**62))
         self._failed: str | None = None
+        self._checked_at = time.monotonic()  # when step() last looked for a dead worker
         self._replies: dict[str, dict[int, object]] = {"ready": {}, "reply": {}}  # kind -> replica -> reply
         try:
-            lengths = [self._wait_for("ready", i) for i in range(data_parallel_size)]
+            ready = [self._wait_for("ready", i) for i in range(n)]  # (max_model_len, KV blocks) each
         except BaseException:
             self.close()
             raise
-        self.max_model_len = lengths[0]
+        self.max_model_len = ready[0][0]
+        self.num_blocks = [blocks for _, blocks in ready]
 
     # ---- the replicas' news ----------------------------------------------------------------
     def _check_alive(self) -> None:
@@ -200,7 +260,7 @@ class ReplicaPool:
         if kind != "step":
             self._replies[kind][index] = payload[0] if len(payload) == 1 else payload
             return []
-        streamed, finished = payload
+        streamed, finished, _ = payload
         for request_id, token in streamed:
             entry = self._live.get(request_id)
             if entry is not None and entry[2] is not None:
@@ -257,8 +317,11 @@ class ReplicaPool:
         """What the replicas finished since the last call (their streamed tokens go to each request's
         on_token first); waits up to POLL_S for news. WorkerError if a replica died."""
         message = self._receive(POLL_S)
-        if message is None:
+        now = time.monotonic()
+        if message is None or now - self._checked_at > POLL_S:  # the others' news must not hide a death
+            self._checked_at = now
             self._check_alive()
+        if message is None:
             return []
         done = self._handle(message)
         while (message := self._receive(0)) is not None:
@@ -274,11 +337,13 @@ class ReplicaPool:
             RequestOutput(rid, seq.prompt_token_ids, [], None, "error", error) for rid, (_, _, _, seq) in live.items()
         ]
 
-    def _call_all(self, method: str) -> list:
-        """Engine method `method` (no arguments) run on every replica at once: their results in order."""
-        for inbox in self._inboxes:
-            inbox.put(("call", method))
-        return [self._wait_for("reply", i) for i in range(self.num_replicas)]
+    def _call_all(self, method: str, workers: range | None = None) -> list:
+        """Engine method `method` (no arguments) run on every replica (of `workers`) at once: their
+        results in order."""
+        workers = workers or range(self.num_replicas)
+        for i in workers:
+            self._inboxes[i].put(("call", method))
+        return [self._wait_for("reply", i) for i in workers]
 
     def warmup(self) -> float:
         """Every replica's warm-up, at once; the seconds of the slowest."""

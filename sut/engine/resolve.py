@@ -67,31 +67,42 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
 def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:
     """Tensor and data parallelism against the model's shape and the devices this process sees."""
     tp, dp = config.tensor_parallel_size, config.data_parallel_size
+    if config.disaggregation is not None:  # its workers are replicas of a kind: each its own GPU or cores
+        dp = config.disaggregation.num_workers
+        what = f"disaggregation={config.disaggregation.prefill} prefill + {config.disaggregation.decode} decode workers"
+    else:
+        what = f"data_parallel_size={dp}"
     if tp > 1:
         check_divides(mc, tp)
         if config.cuda_graphs:
             raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
     if dp > 1 and device.startswith("cuda:"):
-        raise ConfigError(
-            f"engine setting device={device!r} names one GPU, and data_parallel_size={dp} gives each "
-            "replica its own: use 'cuda'"
-        )
+        raise ConfigError(f"engine setting device={device!r} names one GPU, and {what} gives each its own: use 'cuda'")
     if device.startswith("cuda"):
         visible = torch.cuda.device_count()
         if dp > 1 and visible < dp * tp:
             raise ConfigError(
-                f"engine settings data_parallel_size={dp} x tensor_parallel_size={tp} need {dp * tp} GPUs, "
-                f"and {visible} are visible"
+                f"engine settings {what} x tensor_parallel_size={tp} need {dp * tp} GPUs, and {visible} are visible"
             )
         if dp == 1 and visible < tp:
             raise ConfigError(f"engine setting tensor_parallel_size={tp} needs {tp} GPUs, and {visible} are visible")
     elif dp > 1:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         if cores < dp:
-            raise ConfigError(f"engine setting data_parallel_size={dp} needs {dp} cores, and this process has {cores}")
+            raise ConfigError(f"engine setting {what} needs {dp} cores, and this process has {cores}")
 
 
 def for_replica(resolved: ResolvedConfig) -> ResolvedConfig:
     """What one data-parallel replica is built from: one engine, its folders already verified."""
     engine = dataclasses.replace(resolved.engine, data_parallel_size=1, verify_checksums=False)
     return dataclasses.replace(resolved, engine=engine)
+
+
+def for_role(resolved: ResolvedConfig, role: str) -> ResolvedConfig:
+    """What a disaggregated worker is built from: one engine, its folders already verified; a
+    prefill worker without the speculation only decodes use (nor the draft model's weights)."""
+    engine = dataclasses.replace(resolved.engine, disaggregation=None, verify_checksums=False)
+    if role == "decode":
+        return dataclasses.replace(resolved, engine=engine)
+    engine = dataclasses.replace(engine, speculative_config=None)
+    return dataclasses.replace(resolved, engine=engine, draft=None)

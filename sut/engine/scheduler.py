@@ -35,6 +35,7 @@ are proposed by the engine for the sequences the scheduler reserves slots for (`
 """
 
 from collections import deque
+from collections.abc import Callable
 
 from sut.batch import ScheduledBatch
 from sut.config import EngineConfig
@@ -67,9 +68,20 @@ class Scheduler:
         self.num_spec_tokens = spec.num_speculative_tokens if spec else 0
         self.adaptive_spec = bool(spec and spec.adaptive)
         self.spec_metrics = SpecMetrics(self.num_spec_tokens) if spec else None
+        # Disaggregated serving's prefill side (sut/engine/disaggregated.py): called with a sequence that
+        # reached its max_tokens, before its blocks go, to copy out their K/V for a decode worker.
+        self.kv_export: Callable[[Sequence], None] | None = None
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def admit_prefilled(self, seq: Sequence) -> None:
+        """Disaggregated serving's decode side: a sequence whose prompt's K/V another engine computed
+        and this one's blocks now hold (`num_computed_tokens` of them), with its first token: it
+        decodes from the next step on, as if this scheduler had prefilled it."""
+        seq.status = SequenceStatus.RUNNING
+        seq.is_prefill = False
+        self.running.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -271,6 +283,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status == SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if reason == "length" and self.kv_export is not None:
+            self.kv_export(seq)
         self._release(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
