@@ -37,7 +37,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from accuracy.dataset import Dataset, load_dataset
@@ -154,10 +154,16 @@ def with_setting(engine: dict, path: str, value) -> dict:
 
 
 def configurations(system: System, benchmark: str, longest_prompt: int, scenario: str = SCENARIO) -> list[Config]:
+    from sut.config import EngineConfig
     from sut.config.speculative import SpeculativeConfig
 
     report = report_settings(system, benchmark)
     own = system.engine_settings(scenario, benchmark)
+    # Every setting another scenario sets, at this one's value (its default where it sets none): a
+    # run's settings are the system's for its own scenario under these (harness/config.py).
+    defaults = {f.name: f.default for f in fields(EngineConfig)}
+    others = {key for settings in system.scenario_engine.values() for key in settings}
+    own = {**{key: defaults[key] for key in sorted(others - set(own))}, **own}
     exact = {k: v for k, v in own.items() if k != "speculative_config"}
     for option in report["numerics"]:
         exact = with_setting(exact, option["setting"], False)

@@ -1,12 +1,13 @@
 """The system under test: an LLM engine for Llama-family models with a paged KV cache, continuous
 batching with chunked prefill, preemption, greedy or seeded sampling, speculative decoding (n-gram
-or draft-model proposers, exact verification), data-parallel replicas and tensor parallelism. Its
-CPU backend lives in sut/cpu/."""
+or draft-model proposers, exact verification), data-parallel replicas, tensor parallelism and
+disaggregated prefill and decode workers. Its CPU backend lives in sut/cpu/."""
 
 import torch
 
 from sut.cpu.build import cpu_description
 from sut.engine.client import EngineClient, make_engine
+from sut.engine.disaggregated import DisaggregatedPool
 from sut.engine.llm import LLM
 from sut.engine.llm_engine import LLMEngine
 from sut.engine.replicas import ReplicaPool
@@ -38,5 +39,6 @@ __all__ = [
     "machine_description",
     "make_engine",
     "ReplicaPool",
+    "DisaggregatedPool",
     "WorkerError",
 ]

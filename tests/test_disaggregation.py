@@ -153,6 +153,8 @@ def test_aborts_on_either_side_are_answered_once(pool):
     assert sorted(o.request_id for o in answered) == sorted(ids), "a request lost or answered twice"
     assert all(o.finish_reason == "abort" for o in answered)
     assert all(s["peak_blocks_used"] > 0 for s in pool.kv_cache_stats()["decode"])
+    # The routing's counts are back to nothing queued and nothing on its way.
+    assert pool._prefill_tokens == [0] and pool._claimed == [0] and not pool._claims
 
 
 def test_bad_disaggregation_settings_are_refused_by_name(tiny_llama):

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from sut.config.resolved import ResolvedConfig
-from sut.engine.kv_transfer import KVReceiver, KVSender
+from sut.engine.kv_transfer import KVReceiver, KVSender, TransferStats
 from sut.engine.llm_engine import LLMEngine
 from sut.engine.replicas import ReplicaPool, ReplicaServer, pin
 from sut.engine.resolve import for_role
@@ -97,6 +97,8 @@ class PrefillServer(ReplicaServer):
         handed = {h[0] for h in self.handoffs}
         if handed:  # their outputs so far are the pool's to keep: they go on at a decode worker
             self.finished = [out for out in self.finished if out.request_id not in handed]
+        for out in self.finished:  # ended here (an error, an abort): nothing to send for them
+            self.going_on.pop(out.request_id, None)
         if not self.handoffs:
             return None
         extra, self.handoffs = {"handoffs": self.handoffs}, []
@@ -104,7 +106,7 @@ class PrefillServer(ReplicaServer):
 
     def reset(self) -> None:
         self.engine.reset()
-        self.sender.stats = type(self.sender.stats)()
+        self.sender.stats = TransferStats()
 
     def transfer_stats(self) -> dict:
         deadline = time.monotonic() + 5.0  # sends whose receives completed are being recorded: let them
@@ -134,6 +136,7 @@ class DecodeServer(ReplicaServer):
         self.receiver = KVReceiver(engine.runner.kv_cache)
         self.incoming: dict[object, _Incoming] = {}  # in the order handed
         self.admitted: list = []  # this step's, for the pool's routing
+        self.free_blocks_said = engine.block_manager.num_free_blocks  # as the pool last heard it
         self.handoff_ms: list[float] = []  # from the first token on the prefill side to admission here
 
     def describe(self) -> str:
@@ -209,13 +212,15 @@ class DecodeServer(ReplicaServer):
         return failed
 
     def extra(self) -> dict | None:
-        extra = {"free_blocks": self.engine.block_manager.num_free_blocks, "admitted": self.admitted}
-        self.admitted = []
+        free = self.engine.block_manager.num_free_blocks
+        if not self.admitted and free == self.free_blocks_said:
+            return None
+        extra, self.admitted, self.free_blocks_said = {"free_blocks": free, "admitted": self.admitted}, [], free
         return extra
 
     def reset(self) -> None:
         self.engine.reset()
-        self.receiver.stats = type(self.receiver.stats)()
+        self.receiver.stats = TransferStats()
         self.handoff_ms = []
 
     def transfer_stats(self) -> dict:
@@ -274,12 +279,16 @@ class DisaggregatedPool(ReplicaPool):
         self._prefill_tokens = [0] * self.num_prefill  # prompt tokens queued at each prefill worker
         self._free_blocks = self.num_blocks[self.num_prefill :]  # each decode worker's, as it last said
         self._claimed = [0] * self.num_decode  # blocks of requests on their way to each decode worker
+        self._claims: dict[object, tuple[int, int]] = {}  # request id -> (its decode worker, blocks), until admitted
         self._tags = iter(range(2**62))
         self._aborted: set = set()  # asked to abort before their handoff reached their decode worker
         self.streamed_by_role = {"prefill": 0, "decode": 0}  # tokens streamed to on_token, by where they were sampled
 
-    def _blocks(self, seq: Sequence) -> int:
-        return -(-len(seq.prompt_token_ids) // self.config.block_size) + 1
+    def _unclaim(self, request_id) -> None:
+        """A request's blocks are no longer on their way: admitted, or ended before."""
+        claim = self._claims.pop(request_id, None)
+        if claim is not None:
+            self._claimed[claim[0]] -= claim[1]
 
     def submit(self, seqs: list[Sequence]) -> None:
         with self._lock:
@@ -292,9 +301,10 @@ class DisaggregatedPool(ReplicaPool):
                 p = min(range(self.num_prefill), key=self._prefill_tokens.__getitem__)
                 d = max(range(self.num_decode), key=lambda i: self._free_blocks[i] - self._claimed[i])
                 self._prefill_tokens[p] += len(seq.prompt_token_ids)
-                self._claimed[d] += self._blocks(seq)
-                # The entry's worker is where the request is now (its prefill worker, then its decode
-                # worker's index in the pool), the cost its decode worker (to unclaim its blocks).
+                self._claims[seq.request_id] = (d, -(-len(seq.prompt_token_ids) // self.config.block_size) + 1)
+                self._claimed[d] += self._claims[seq.request_id][1]
+                # Where the request is now (its prefill worker, then its decode worker's index in the
+                # pool), its decode worker, its on_token, its sequence.
                 self._live[seq.request_id] = (p, d, seq.on_token, seq)
                 stream = seq.on_token is not None
                 tag = next(self._tags) % 2**31  # names the transfer (gloo matches it; NCCL goes by order)
@@ -325,21 +335,19 @@ class DisaggregatedPool(ReplicaPool):
             if index < self.num_prefill:
                 for handoff in (extra or {}).get("handoffs", []):
                     self._hand_over(index, *handoff)
-            else:
+            elif extra is not None:
                 d = index - self.num_prefill
                 self._free_blocks[d] = extra["free_blocks"]
                 for request_id in extra["admitted"]:
-                    entry = self._live.get(request_id)
-                    if entry is not None:
-                        self._claimed[d] -= self._blocks(entry[3])
+                    self._unclaim(request_id)
             for out in finished:
                 entry = self._live.pop(out.request_id, None)
                 self._aborted.discard(out.request_id)
+                self._unclaim(out.request_id)
                 if entry is None:
                     continue
-                if entry[0] < self.num_prefill:  # ended at its prefill worker: its decode worker never saw it
+                if entry[0] < self.num_prefill:  # ended at its prefill worker
                     self._prefill_tokens[entry[0]] -= len(entry[3].prompt_token_ids)
-                    self._claimed[entry[1]] -= self._blocks(entry[3])
                 done.append(out)
         return done
 
@@ -362,6 +370,7 @@ class DisaggregatedPool(ReplicaPool):
         with self._lock:
             self._prefill_tokens = [0] * self.num_prefill
             self._claimed = [0] * self.num_decode
+            self._claims.clear()
             self._aborted.clear()
         return super().fail_all(error)
 
