@@ -36,7 +36,6 @@ from sut.errors import InvalidRequestError, WorkerError
 from sut.outputs import RequestOutput
 from sut.parallel import free_port, init_group
 from sut.sequence import Sequence
-from sut.spec_decode.metrics import SpecMetrics
 
 TRANSFER_POLL_S = 0.002  # how often an idle decode worker looks for arrived blocks
 
@@ -374,19 +373,10 @@ class DisaggregatedPool(ReplicaPool):
             self._aborted.clear()
         return super().fail_all(error)
 
-    def spec_stats(self) -> dict | None:
-        """Speculation's counts summed over the decode workers (rates from the sums); None without it."""
-        per_worker = self._call_all("spec_stats", self._decode_workers)
-        if per_worker[0] is None:
-            return None
-        total = SpecMetrics(per_worker[0]["num_speculative_tokens"])
-        for spec in per_worker:
-            total.num_proposals += spec["num_proposals"]
-            total.num_draft_tokens += spec["num_draft_tokens"]
-            total.num_accepted_tokens += spec["num_accepted_tokens"]
-            total.proposed_at = [a + b for a, b in zip(total.proposed_at, spec["proposed_at_position"])]
-            total.accepted_at = [a + b for a, b in zip(total.accepted_at, spec["accepted_at_position"])]
-        return {**per_worker[0], **total.summary()}
+    @property
+    def _speculating(self) -> range:
+        """Only the decode workers speculate (ReplicaPool.spec_stats sums theirs)."""
+        return self._decode_workers
 
     @property
     def _decode_workers(self) -> range:

@@ -353,9 +353,15 @@ class ReplicaPool:
         """Every replica's reset (LLMEngine.reset), at once."""
         self._call_all("reset")
 
+    @property
+    def _speculating(self) -> range:
+        """The workers whose engines speculate, if any do: every replica."""
+        return range(self.num_replicas)
+
     def spec_stats(self) -> dict | None:
-        """Speculation's counts summed over the replicas (rates from the sums); None without it."""
-        per_replica = self._call_all("spec_stats")
+        """Speculation's counts summed over the workers that speculate (rates from the sums); None
+        without it."""
+        per_replica = self._call_all("spec_stats", self._speculating)
         if per_replica[0] is None:
             return None
         total = SpecMetrics(per_replica[0]["num_speculative_tokens"])
