@@ -1,7 +1,8 @@
-"""The model's ops (RMSNorm, rotary embedding, KV-cache write, paged attention, SwiGLU's
-activation), each as a PyTorch reference and (all but the activation) as our Triton kernel, one
-concept per module: rms_norm, rotary, kv_cache, decode_attention, prefill_attention, activation;
-attention holds the step's metadata and the paged-attention op
+"""The model's ops (RMSNorm, rotary embedding, KV-cache write, paged attention with gpt-oss's sinks
+and sliding window, SwiGLU's activation, gpt-oss's mixture of experts), each as a PyTorch reference
+and (all but the activation) as our Triton kernel, one concept per module: rms_norm, rotary,
+kv_cache, decode_attention, prefill_attention, activation, fused_moe (with mxfp4, the experts'
+4-bit format); attention holds the step's metadata and the paged-attention op
 the model calls (the CPU one, and the dispatch to the decode or prefill kernel); rejection_sample
 is speculative decoding's verifier (exact rejection sampling of draft tokens). checks.py runs
 each kernel against its reference (for the tests and gpu_check.py, `make gpu-check`).
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from kernels.activation import silu_and_mul_reference
 from kernels.attention import AttentionMetadata, paged_attention, paged_attention_triton
+from kernels.fused_moe import fused_moe_reference, fused_moe_triton
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 from kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
@@ -31,9 +33,11 @@ class KernelOps:
     add_rms_norm: Callable  # (x, residual, weight, eps) -> (out, x + residual)
     rotary: Callable  # (q, k, cos, sin) -> (q, k) rotated
     store_kvcache: Callable  # (k, v, k_cache, v_cache, slot_mapping) -> None
-    paged_attention: Callable  # (q, k, v, k_cache, v_cache, meta, scale) -> out
+    paged_attention: Callable  # (q, k, v, k_cache, v_cache, meta, scale, sinks=None, sliding_window=None) -> out
     silu_and_mul: Callable  # (gate_up) -> silu(gate) * up
     rejection_sample: Callable = rejection_sample_reference  # the verifier of speculative decoding (see its module)
+    # (x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, alpha, limit) -> out: gpt-oss's experts
+    fused_moe: Callable = fused_moe_reference
 
 
 TORCH_OPS = KernelOps(
@@ -55,6 +59,7 @@ TRITON_OPS = KernelOps(
     paged_attention_triton,
     silu_and_mul_reference,
     rejection_sample_triton,
+    fused_moe_triton,
 )
 
 KERNEL_SETTINGS = ("auto", "triton", "torch")

@@ -12,6 +12,12 @@ import torch
 
 from kernels.attention import AttentionMetadata, paged_attention_triton
 from kernels.decode_attention import decode_attention_reference, decode_attention_triton
+from kernels.fused_moe import (
+    fused_moe_mxfp4_reference,
+    fused_moe_mxfp4_triton,
+    fused_moe_reference,
+    fused_moe_triton,
+)
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
 from kernels.prefill_attention import prefill_attention_reference, prefill_attention_triton
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
@@ -68,6 +74,37 @@ def random_paged_cache(
     return k_cache, v_cache, block_tables.to(device)
 
 
+def random_sinks(generator: torch.Generator, num_q_heads: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """One sink logit per query head, as gpt-oss learns them (held in the model's dtype): spread
+    wide, so that some heads' sinks take most of the softmax's mass and others next to none."""
+    return (3 * torch.randn(num_q_heads, generator=generator)).to(device=device, dtype=dtype)
+
+
+def free_blocks_before_window(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    first_positions: list[int],
+    window: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """What the block manager leaves behind a sliding window: sequence i's blocks wholly before the
+    first key its first query (at `first_positions[i]`) sees are freed and reused. Here they are
+    filled with NaN, and every other one of their table entries is pointed at an arbitrary block
+    (another sequence's, a spare, a NaN one). A kernel that reads any of them gives NaN or wrong
+    values. Returns the new block tables."""
+    block_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
+    tables = block_tables.cpu().clone()
+    for i, first_pos in enumerate(first_positions):
+        for j in range(max(0, first_pos - window + 1) // block_size):
+            freed = int(tables[i, j])
+            k_cache[freed] = float("nan")
+            v_cache[freed] = float("nan")
+            if j % 2:
+                tables[i, j] = int(torch.randint(num_blocks, (1,), generator=generator))
+    return tables.to(block_tables.device)
+
+
 def check_decode_attention(
     context_lens: list[int],
     num_q_heads: int,
@@ -78,7 +115,11 @@ def check_decode_attention(
     device,
     num_splits: int | None = None,
     seed: int = 0,
+    sinks: bool = False,
+    sliding_window: int | None = None,
 ):
+    """`sinks`: random ones (`random_sinks`); `sliding_window`: with the blocks before each window
+    freed and filled with NaN (`free_blocks_before_window`)."""
     g = torch.Generator().manual_seed(seed)
     k_cache, v_cache, block_tables = random_paged_cache(
         context_lens, num_kv_heads, head_dim, block_size, dtype, device, g
@@ -86,8 +127,16 @@ def check_decode_attention(
     q = _randn(g, len(context_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
     scale = head_dim**-0.5
-    got = decode_attention_triton(q, k_cache, v_cache, block_tables, lens, scale, max(context_lens), num_splits)
-    want = decode_attention_reference(q.float(), k_cache.float(), v_cache.float(), block_tables, lens, scale)
+    sink_logits, block_tables = _sinks_and_window(
+        g, [1] * len(context_lens), context_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window
+    )
+    extras = dict(sinks=sink_logits, sliding_window=sliding_window)
+    got = decode_attention_triton(
+        q, k_cache, v_cache, block_tables, lens, scale, max(context_lens), num_splits, **extras
+    )
+    want = decode_attention_reference(
+        q.float(), k_cache.float(), v_cache.float(), block_tables, lens, scale, **_fp32(extras)
+    )
     return got.float(), want
 
 
@@ -101,21 +150,43 @@ def check_prefill_attention(
     dtype: torch.dtype,
     device,
     seed: int = 0,
+    sinks: bool = False,
+    sliding_window: int | None = None,
     **tiles,
 ):
     """`seq_lens[i] - query_lens[i]` tokens of sequence i are cached context (chunked prefill); its
-    query tokens follow them. `tiles`: block_m / block_n for the launcher."""
+    query tokens follow them. `tiles`: block_m / block_n for the launcher. `sinks`,
+    `sliding_window`: as for `check_decode_attention`."""
     g = torch.Generator().manual_seed(seed)
     k_cache, v_cache, block_tables = random_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g)
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
     scale = head_dim**-0.5
-    got = prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, scale, **tiles)
+    sink_logits, block_tables = _sinks_and_window(
+        g, query_lens, seq_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window
+    )
+    extras = dict(sinks=sink_logits, sliding_window=sliding_window)
+    got = prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, scale, **tiles, **extras)
     want = prefill_attention_reference(
-        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale
+        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale, **_fp32(extras)
     )
     return got.float(), want
+
+
+def _sinks_and_window(g, query_lens, seq_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window):
+    """Random sinks (or None), and the block tables with the blocks before each sequence's window
+    (that of its first query) freed."""
+    sink_logits = random_sinks(g, num_q_heads, k_cache.dtype, k_cache.device) if sinks else None
+    if sliding_window is not None:
+        first_positions = [s - q for q, s in zip(query_lens, seq_lens)]
+        block_tables = free_blocks_before_window(k_cache, v_cache, block_tables, first_positions, sliding_window, g)
+    return sink_logits, block_tables
+
+
+def _fp32(extras: dict) -> dict:
+    """The reference's copy of the kernel's extras: sinks in fp32."""
+    return extras | dict(sinks=None if extras["sinks"] is None else extras["sinks"].float())
 
 
 def check_mixed_step_attention(
@@ -128,22 +199,28 @@ def check_mixed_step_attention(
     dtype: torch.dtype,
     device,
     seed: int = 0,
+    sinks: bool = False,
+    sliding_window: int | None = None,
 ):
     """A whole step through `paged_attention_triton`, as the model calls it: its leading one-token
     rows on the decode kernel, the others on the prefill kernel, against the prefill reference for
-    all of them."""
+    all of them. `sinks`, `sliding_window`: as for `check_decode_attention`."""
     g = torch.Generator().manual_seed(seed)
     k_cache, v_cache, block_tables = random_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g)
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    sink_logits, block_tables = _sinks_and_window(
+        g, query_lens, seq_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window
+    )
+    extras = dict(sinks=sink_logits, sliding_window=sliding_window)
     meta = AttentionMetadata(
         torch.full((len(q),), -1, device=device), block_tables, cu_seqlens_q, lens, list(query_lens), list(seq_lens)
     )
     scale = head_dim**-0.5
-    got = paged_attention_triton(q, None, None, k_cache, v_cache, meta, scale)
+    got = paged_attention_triton(q, None, None, k_cache, v_cache, meta, scale, **extras)
     want = prefill_attention_reference(
-        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale
+        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale, **_fp32(extras)
     )
     return got.float(), want, meta.num_decodes
 
@@ -217,10 +294,15 @@ def ragged_lengths(block_size: int) -> list[int]:
     return [1, block_size - 1, block_size, block_size + 1, 5 * block_size + 3]
 
 
-def attention_flops(query_lens: list[int], seq_lens: list[int], num_q_heads: int, head_dim: int) -> float:
+def attention_flops(
+    query_lens: list[int], seq_lens: list[int], num_q_heads: int, head_dim: int, sliding_window: int | None = None
+) -> float:
     """Causal attention FLOPs: two matmuls (QK^T, PV) of 2 FLOPs per multiply-add over each query
-    row's visible keys."""
-    visible = sum(q * (s - q) + q * (q + 1) / 2 for q, s in zip(query_lens, seq_lens))
+    row's visible keys (with a sliding window W, at most W of them)."""
+    if sliding_window is None:
+        visible = sum(q * (s - q) + q * (q + 1) / 2 for q, s in zip(query_lens, seq_lens))
+    else:
+        visible = sum(min(p + 1, sliding_window) for q, s in zip(query_lens, seq_lens) for p in range(s - q, s))
     return 4.0 * visible * num_q_heads * head_dim
 
 
@@ -304,3 +386,100 @@ def check_rejection_sample(
     g = torch.Generator().manual_seed(seed)
     args = random_rejection_batch(num_drafts, greedy, vocab, with_draft_probs, device, g, exact_sums=exact_sums)
     return rejection_sample_triton(**args, **launch), rejection_sample_reference(**args)
+
+
+# gpt-oss mixture of experts (kernels/fused_moe.py)
+
+
+def random_routing(
+    num_tokens: int, num_experts: int, top_k: int, device, generator: torch.Generator, num_used: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(topk_weights fp32, topk_ids int64)` `[num_tokens, top_k]` as gpt-oss's router gives them:
+    top-k of random logits, softmax over the k. `num_used`: only a random subset of that many
+    experts is ever chosen (the others stay empty)."""
+    num_used = num_used or num_experts
+    logits = torch.randn(num_tokens, num_experts, generator=generator, device=device)
+    unused = torch.randperm(num_experts, generator=generator, device=device)[: num_experts - num_used]
+    logits[:, unused] = float("-inf")
+    top, ids = logits.topk(top_k, dim=-1)
+    return top.softmax(dim=-1), ids
+
+
+def random_moe_weights(
+    num_experts: int,
+    hidden: int,
+    intermediate: int,
+    dtype: torch.dtype,
+    device,
+    generator: torch.Generator,
+    mxfp4: bool,
+) -> tuple[torch.Tensor, ...]:
+    """gpt-oss expert weights: dense `(w_gate_up [E, H, 2I], b_gate_up, w_down [E, I, H], b_down)`,
+    or MXFP4 `(gate_up_blocks, gate_up_scales, b_gate_up, down_blocks, down_scales, b_down)` of
+    random bytes (every e2m1 value) and scales around the dense weights' size. The sizes put a
+    good share of gate/up pre-activations past the clamp (±7) and the output near 1."""
+
+    def randn(*shape, std):
+        return (std * torch.randn(*shape, generator=generator, device=device)).to(dtype)
+
+    gate_up_std, down_std = 4 / hidden**0.5, 0.2 / intermediate**0.5
+    b_gate_up, b_down = randn(num_experts, 2 * intermediate, std=1.0), randn(num_experts, hidden, std=0.1)
+    if not mxfp4:
+        w_gate_up = randn(num_experts, hidden, 2 * intermediate, std=gate_up_std)
+        return w_gate_up, b_gate_up, randn(num_experts, intermediate, hidden, std=down_std), b_down
+
+    def mxfp4_tensor(rows, cols, std):
+        blocks = torch.randint(0, 256, (num_experts, rows, cols // 32, 16), generator=generator, device=device)
+        # random e2m1 values have an rms of 2.93: pick exponents around std / 2.93
+        base = 127 + round(torch.log2(torch.tensor(std / 2.93)).item())
+        scales = torch.randint(base - 1, base + 2, (num_experts, rows, cols // 32), generator=generator, device=device)
+        return blocks.to(torch.uint8), scales.to(torch.uint8)
+
+    gate_up_blocks, gate_up_scales = mxfp4_tensor(2 * intermediate, hidden, gate_up_std)
+    down_blocks, down_scales = mxfp4_tensor(hidden, intermediate, down_std)
+    return gate_up_blocks, gate_up_scales, b_gate_up, down_blocks, down_scales, b_down
+
+
+def check_fused_moe(
+    num_tokens: int,
+    hidden: int,
+    intermediate: int,
+    num_experts: int,
+    top_k: int,
+    dtype: torch.dtype,
+    device,
+    mxfp4: bool = False,
+    num_used: int | None = None,
+    seed: int = 0,
+    k_contiguous: bool = False,
+    **config,
+):
+    """`fused_moe_triton` (or `fused_moe_mxfp4_triton`) against its reference on random weights and
+    routing (`num_used`: experts the router ever picks; the rest stay empty). `config`: tile
+    overrides for the launcher. MXFP4 weights are the same bytes for both; x and the biases are
+    rounded to `dtype` first. `k_contiguous`: the kernel gets the dense weights as transposed views
+    of `[E, out, in]` tensors (the checkpoint's orientation)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    weights = random_moe_weights(num_experts, hidden, intermediate, dtype, device, g, mxfp4)
+    if k_contiguous and not mxfp4:
+        weights = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) if w.dim() == 3 else w for w in weights)
+    topk_weights, topk_ids = random_routing(num_tokens, num_experts, top_k, device, g, num_used)
+    x = torch.randn(num_tokens, hidden, generator=g, device=device).to(dtype)
+    fp32 = [w if w.dtype == torch.uint8 else w.float() for w in weights]
+    if mxfp4:
+        got = fused_moe_mxfp4_triton(x, *weights, topk_weights, topk_ids, config=config)
+        want = fused_moe_mxfp4_reference(x.float(), *fp32, topk_weights, topk_ids)
+    else:
+        got = fused_moe_triton(x, *weights, topk_weights, topk_ids, config=config)
+        want = fused_moe_reference(x.float(), *fp32, topk_weights, topk_ids)
+    return got.float(), want
+
+
+def moe_weight_bytes(topk_ids: torch.Tensor, hidden: int, intermediate: int, mxfp4: bool, dtype_bytes: int = 2) -> int:
+    """Bytes of expert weights a MoE layer must read for this routing: every expert hit, once
+    (gate_up and down matrices and their biases; MXFP4: half a byte per weight plus a scale byte
+    per 32)."""
+    experts_hit = int(torch.unique(topk_ids).numel())
+    weights = 3 * hidden * intermediate  # 2I x H and H x I
+    matrix_bytes = weights // 2 + weights // 32 if mxfp4 else weights * dtype_bytes
+    return experts_hit * (matrix_bytes + (2 * intermediate + hidden) * dtype_bytes)

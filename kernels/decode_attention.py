@@ -5,6 +5,12 @@ num_kv_heads, head_dim]`, and sequence i's token t lives in block `block_tables[
 at offset `t % block_size`; the query attends to all `context_lens[i]` cached tokens (its own
 included). GQA: query heads h*group .. (h+1)*group-1 share KV head h.
 
+gpt-oss's two extras, both optional: `sinks [num_q_heads]`, one learned logit per query head that
+joins the (already scaled) logits in the softmax's denominator and is then dropped, so it only
+adds exp(sink - max) there; and `sliding_window` W, so the query at position p sees only the keys
+at positions p - W + 1 .. p. Blocks wholly before the window may already be freed and reused (their
+block-table entries are stale): they are never read.
+
 The kernel reads each KV head's tokens once for all query heads of its group: one program takes a
 (sequence, KV head, split) and holds the group's queries as the rows of a tl.dot tile, padded to 16.
 Long contexts are split across programs (split-K) so that small batches still fill the GPU; a
@@ -32,17 +38,27 @@ def decode_attention_reference(
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Plain fp32 attention, one sequence at a time."""
+    """Plain fp32 attention, one sequence at a time (over the window's keys alone: the blocks
+    before it are not read)."""
     num_q_heads, block_size = q.shape[1], k_cache.shape[1]
     group = num_q_heads // k_cache.shape[2]
     out = torch.empty_like(q)
     for i, n in enumerate(context_lens.tolist()):
-        blocks = block_tables[i, : -(-n // block_size)].long()
-        keys = k_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)  # [n, q_heads, d]
-        values = v_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,nhd->hn", q[i].float(), keys) * scale
-        out[i] = torch.einsum("hn,nhd->hd", scores.softmax(-1), values).to(q.dtype)
+        lo = max(0, n - sliding_window) if sliding_window else 0  # the first key in the window
+        first = lo // block_size
+        blocks = block_tables[i, first : -(-n // block_size)].long()
+        skip = lo - first * block_size
+        keys = k_cache[blocks].flatten(0, 1)[skip : n - first * block_size].float().repeat_interleave(group, dim=1)
+        values = v_cache[blocks].flatten(0, 1)[skip : n - first * block_size].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].float(), keys) * scale  # [q_heads, keys]
+        if sinks is not None:  # one more logit per head, dropped after the softmax
+            probs = torch.cat([scores, sinks.float()[:, None]], dim=1).softmax(-1)[:, :-1]
+        else:
+            probs = scores.softmax(-1)
+        out[i] = torch.einsum("hn,nhd->hd", probs, values).to(q.dtype)
     return out
 
 
@@ -53,10 +69,12 @@ def _decode_split_kernel(
     v_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
+    sinks_ptr,
     out_ptr,
     partial_out_ptr,
     partial_lse_ptr,
     scale_log2,
+    window,
     q_stride_seq,
     q_stride_head,
     out_stride_seq,
@@ -73,14 +91,21 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq)
-    # Each split takes a whole number of BLOCK_N steps of this sequence's own context.
-    split_len = tl.cdiv(tl.cdiv(context_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    start = split * split_len
+    # The keys to attend: all of the context, or with a sliding window its last `window` keys
+    # (nothing before them is read: those blocks may be freed).
+    first_key = 0
+    if USE_WINDOW:
+        first_key = tl.maximum(context_len - window, 0)
+    # Each split takes a whole number of BLOCK_N steps of this sequence's own keys.
+    split_len = tl.cdiv(tl.cdiv(context_len - first_key, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = first_key + split * split_len
     end = tl.minimum(start + split_len, context_len)
 
     rows = tl.arange(0, BLOCK_H)  # query heads of this KV head, padded
@@ -97,6 +122,13 @@ def _decode_split_kernel(
     # all masked gives exp2(-inf - floor) = 0 and never exp2(-inf - -inf) = NaN.
     m = tl.full([BLOCK_H], -1.0e30, tl.float32)
     l = tl.zeros([BLOCK_H], tl.float32)
+    if HAS_SINKS:
+        # The sink is one more logit (not scaled) in the denominator: seed the softmax with it,
+        # m = sink, l = exp2(sink - m) = 1. Only split 0 carries it, so the merge counts it once
+        # (and split 0 always holds keys, so its lse stays finite).
+        sink = tl.load(sinks_ptr + heads, mask=row_ok, other=0.0).to(tl.float32) * 1.4426950408889634
+        m = tl.where(split == 0, sink, m)
+        l = tl.where(split == 0, 1.0, l)
     acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
     # Every head row sits at the last cached position, so the causal mask keeps just the keys < end.
@@ -116,11 +148,13 @@ def _decode_split_kernel(
         scale_log2,
         cache_stride_block,
         cache_stride_token,
+        window,
         HEAD_DIM,
         BLOCK_SIZE,
         BLOCK_N,
         UPCAST_DOT,
         MASKED=True,
+        USE_WINDOW=False,  # the keys start at the window: one row, so nothing else to mask
     )
 
     # An empty split (context shorter than the splits) has l = 0: divide by 1 and give it lse -inf.
@@ -150,7 +184,8 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
 ):
-    # One program per (sequence, query head): weight each split by exp2(lse - max lse).
+    # One program per (sequence, query head): weight each split by exp2(lse - max lse). A sink,
+    # if any, is already in split 0's lse and output.
     seq = tl.program_id(0)
     head = tl.program_id(1)
     splits = tl.arange(0, NUM_SPLITS)
@@ -183,16 +218,25 @@ def decode_attention_triton(
     max_context_len: int,
     num_splits: int | None = None,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernels behind `decode_attention_reference`'s interface. `max_context_len` (a host
-    int, so no device sync) sizes the split-K; `num_splits` overrides it (a power of two). `out`:
-    where to write (a view of a larger step's output), else a new tensor."""
+    int, so no device sync) sizes the split-K (over the window's keys alone where there is one);
+    `num_splits` overrides it (a power of two). `out`: where to write (a view of a larger step's
+    output), else a new tensor. `sinks` (any float dtype, read as fp32) and `sliding_window`: see
+    the module's docstring; None for neither."""
     num_seqs, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group = num_q_heads // num_kv_heads
     check_dot_dim("head_dim", head_dim)
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
     assert block_tables.stride(-1) == 1
+    if sinks is not None:
+        assert sinks.shape == (num_q_heads,) and sinks.stride(0) == 1, f"sinks must be [{num_q_heads}], contiguous"
+    if sliding_window is not None:
+        assert sliding_window >= 1, f"sliding_window must be at least 1, got {sliding_window}"
+        max_context_len = min(max_context_len, sliding_window)
     if num_splits is None:
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_context_len, q.device)
     assert num_splits & (num_splits - 1) == 0, f"num_splits must be a power of two, got {num_splits}"
@@ -211,10 +255,12 @@ def decode_attention_triton(
         v_cache,
         block_tables,
         context_lens,
+        q if sinks is None else sinks,  # not read without sinks
         out,
         partial_out,
         partial_lse,
         scale * LOG2E,
+        sliding_window or 0,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -231,6 +277,8 @@ def decode_attention_triton(
         BLOCK_N=BLOCK_N,
         NUM_SPLITS=num_splits,
         UPCAST_DOT=upcast_dot_operands(q.dtype),
+        HAS_SINKS=sinks is not None,
+        USE_WINDOW=sliding_window is not None,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_seqs, num_q_heads)](

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 
 from kernels import checks
 from kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, decode_attention_triton
+from kernels.fused_moe import (
+    _fused_moe_kernel,
+    fused_moe_mxfp4_reference,
+    fused_moe_mxfp4_triton,
+    fused_moe_reference,
+    fused_moe_triton,
+)
 from kernels.kv_cache import _store_kvcache_kernel
+from kernels.mxfp4 import e2m1_to_fp32, mxfp4_weight_tiles
 from kernels.prefill_attention import _find_sequence, _prefill_kernel, prefill_attention_triton
 from kernels.rejection_sample import _block_weights, _rejection_sample_kernel
 from kernels.rms_norm import _rms_norm_kernel
@@ -167,6 +175,59 @@ def check_mixed_step(device) -> list[dict]:
     ]
 
 
+# gpt-oss-120b's attention: 64 query heads over 8 KV heads, head_dim 64, a learned sink per query
+# head on every layer and a 128-key sliding window on every other one.
+GPT_OSS_HEADS = (64, 8, 64)
+GPT_OSS_WINDOW = 128
+
+
+def check_sinks_window(device) -> list[dict]:
+    """gpt-oss's attention at its shape: sinks alone (its full layers), sinks with the 128-key
+    window (its sliding layers) and the window alone; decode in one pass, split-K as the launcher
+    chooses it and over 8 splits; prefill (prompts, chunks after cached context); a mixed step. With
+    a window the blocks before it are freed: NaN-filled, stale table entries
+    (`checks.free_blocks_before_window`)."""
+    num_q_heads, num_kv_heads, head_dim = GPT_OSS_HEADS
+    decode_lens = checks.ragged_lengths(16) + [127, 128, 129, 3000]
+    query_lens, seq_lens = [300, 1, 5, 100, 17, 1, 130], [300, 1000, 1005, 612, 17, 1, 260]
+    mixed_query_lens = [1] * 6 + [5, 300, 17, 1]
+    mixed_seq_lens = [1, 40, 700, 3000, 129, 16, 1005, 300, 1000, 612]
+    shape = (num_q_heads, num_kv_heads, head_dim)
+    results = []
+    for dtype in DTYPES:
+        for sinks, window in ((True, None), (True, GPT_OSS_WINDOW), (False, GPT_OSS_WINDOW)):
+            extras = dict(sinks=sinks, sliding_window=window)
+            what = f"sinks={sinks} window={window}"
+            for block_size in (16, 32):
+                for num_splits in (1, None, 8):
+                    results.append(
+                        _run_case(
+                            f"decode {what} block_size={block_size} splits={num_splits or 'auto'}",
+                            dtype,
+                            lambda: checks.check_decode_attention(
+                                decode_lens, *shape, block_size, dtype, device, num_splits, **extras
+                            ),
+                        )
+                    )
+            results.append(
+                _run_case(
+                    f"prefill {what} block_size=16",
+                    dtype,
+                    lambda: checks.check_prefill_attention(query_lens, seq_lens, *shape, 16, dtype, device, **extras),
+                )
+            )
+            results.append(
+                _run_case(
+                    f"mixed step {what} block_size=16",
+                    dtype,
+                    lambda: checks.check_mixed_step_attention(
+                        mixed_query_lens, mixed_seq_lens, *shape, 16, dtype, device, **extras
+                    )[:2],
+                )
+            )
+    return results
+
+
 def check_kv_cache(device) -> list[dict]:
     return [
         _run_case(
@@ -220,6 +281,47 @@ def check_rejection_sample(device) -> list[dict]:
     return results
 
 
+# gpt-oss-120b's MoE layer: hidden, expert intermediate, experts, top-k; and the batches (tokens) it is
+# checked and benchmarked at (decode at 1 and 64, a mixed step at 512, a prefill chunk at 2048).
+MOE_SHAPE = (2880, 2880, 128, 4)
+MOE_TOKENS = [1, 64, 512, 2048]
+
+
+def check_moe(device) -> list[dict]:
+    """The fused MoE at gpt-oss's shape (hidden 2880 is no power of two: the K and N masks), bf16
+    weights and MXFP4 ones, at each batch; K-contiguous weights, fp16, fp32; and tokens routed to
+    9 of 16 experts (empty experts) at the decode and the prefill tiles."""
+    hidden, intermediate, num_experts, top_k = MOE_SHAPE
+    cases = []
+    for num_tokens in MOE_TOKENS:
+        cases.append((f"fused_moe bf16 weights T={num_tokens}", torch.bfloat16, num_tokens, {}))
+        cases.append((f"fused_moe MXFP4 weights T={num_tokens}", torch.bfloat16, num_tokens, dict(mxfp4=True)))
+    cases += [
+        ("fused_moe K-contiguous bf16 weights T=64", torch.bfloat16, 64, dict(k_contiguous=True)),
+        ("fused_moe T=64", torch.float16, 64, {}),
+        ("fused_moe T=64", torch.float32, 64, {}),
+        ("fused_moe MXFP4 weights T=64", torch.float32, 64, dict(mxfp4=True)),
+    ]
+    for num_tokens in (37, 300):
+        for mxfp4 in (False, True):
+            name = f"fused_moe {'MXFP4' if mxfp4 else 'bf16'} weights T={num_tokens} on 9 of 16 experts"
+            cases.append((name, torch.bfloat16, num_tokens, dict(mxfp4=mxfp4, num_experts=16, num_used=9)))
+    results = []
+    for case, dtype, num_tokens, options in cases:
+        options = dict(num_experts=num_experts) | options
+        results.append(
+            _run_case(
+                case,
+                dtype,
+                lambda: checks.check_fused_moe(
+                    num_tokens, hidden, intermediate, top_k=top_k, dtype=dtype, device=device, **options
+                ),
+            )
+        )
+        torch.cuda.empty_cache()
+    return results
+
+
 CHECKS = [
     ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel, attend_paged_keys]),
     ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, attend_paged_keys]),
@@ -228,10 +330,16 @@ CHECKS = [
         check_mixed_step,
         [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys],
     ),
+    (
+        "gpt-oss attention (sinks, sliding window)",
+        check_sinks_window,
+        [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys],
+    ),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
     ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),
     ("rejection sampler", check_rejection_sample, [_rejection_sample_kernel, _block_weights]),
+    ("gpt-oss MoE", check_moe, [_fused_moe_kernel, mxfp4_weight_tiles, e2m1_to_fp32]),
 ]
 
 
@@ -244,8 +352,8 @@ def _time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50)
 
 
-def _paged_bench_inputs(seq_lens: list[int], device):
-    num_q_heads, num_kv_heads, head_dim = BENCH_HEADS
+def _paged_bench_inputs(seq_lens: list[int], device, heads: tuple[int, int, int] = BENCH_HEADS):
+    num_q_heads, num_kv_heads, head_dim = heads
     g = torch.Generator().manual_seed(0)
     blocks = [-(-n // BENCH_BLOCK_SIZE) for n in seq_lens]
     order = torch.randperm(sum(blocks), generator=g)  # scattered blocks, as a long-running engine has them
@@ -345,6 +453,118 @@ def bench_prefill(device, peak_tflops) -> list[dict]:
                 speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None,
             )
         )
+    return rows
+
+
+def bench_moe(device, peak_gbps, peak_tflops) -> list[dict]:
+    """The fused MoE at gpt-oss's shape with bf16 activations, for bf16 weights (as transformers
+    holds them, `[E, H, 2I]`, and K-contiguous, `[E, 2I, H]` transposed) and MXFP4 ones: GB/s of
+    the weights of the experts the batch hits (each read once) against the measured bandwidth,
+    TFLOP/s, and the PyTorch reference (a loop over the experts hit) on the same weights."""
+    hidden, intermediate, num_experts, top_k = MOE_SHAPE
+    g = torch.Generator(device=device).manual_seed(0)
+    rows = []
+    for weights_name in ("bf16 [E, H, 2I]", "bf16 [E, 2I, H] (K-contiguous)", "MXFP4"):
+        print(f"  gpt-oss MoE, {weights_name} weights: tokens {MOE_TOKENS}", flush=True)
+        mxfp4 = weights_name == "MXFP4"
+        weights = checks.random_moe_weights(num_experts, hidden, intermediate, torch.bfloat16, device, g, mxfp4)
+        if "K-contiguous" in weights_name:
+            weights = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) if w.dim() == 3 else w for w in weights)
+        kernel = fused_moe_mxfp4_triton if mxfp4 else fused_moe_triton
+        reference = fused_moe_mxfp4_reference if mxfp4 else fused_moe_reference
+        for num_tokens in MOE_TOKENS:
+            topk_weights, topk_ids = checks.random_routing(num_tokens, num_experts, top_k, device, g)
+            x = torch.randn(num_tokens, hidden, device=device, generator=g).to(torch.bfloat16)
+            ms = _time_ms(partial(kernel, x, *weights, topk_weights, topk_ids))
+            try:
+                torch_ms = _time_ms(partial(reference, x, *weights, topk_weights, topk_ids))
+            except (RuntimeError, torch.OutOfMemoryError) as e:
+                print(f"  torch baseline skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
+                torch_ms = None
+            gbps = checks.moe_weight_bytes(topk_ids, hidden, intermediate, mxfp4) / ms / 1e6
+            tflops = 6 * num_tokens * top_k * hidden * intermediate / ms / 1e9
+            rows.append(
+                dict(
+                    weights=weights_name,
+                    tokens=num_tokens,
+                    experts_hit=int(torch.unique(topk_ids).numel()),
+                    ms=ms,
+                    gbps=gbps,
+                    peak_ratio=gbps / peak_gbps if peak_gbps else None,
+                    tflops=tflops,
+                    tflops_ratio=tflops / peak_tflops if peak_tflops else None,
+                    torch_ms=torch_ms,
+                    speedup_vs_torch=torch_ms / ms if torch_ms else None,
+                )
+            )
+        del weights
+        torch.cuda.empty_cache()
+    return rows
+
+
+# gpt-oss's attention benchmark: decode (batch, context) and prefill (name, query_lens, seq_lens).
+GPT_OSS_DECODE_CASES = [(1, 8192), (64, 4096), (256, 4096)]
+GPT_OSS_PREFILL_CASES = [("1 x 4096 prompt", [4096], [4096]), ("2048 chunk after 2048 cached", [2048], [4096])]
+
+
+def bench_sinks_window(device, peak_gbps, peak_tflops) -> list[dict]:
+    """gpt-oss's attention (bf16, its heads) with sinks, over the whole context (its full layers)
+    and over its 128-key window (its sliding layers), each beside the same kernel with neither
+    (`plain_ms`): decode's GB/s of the K/V it must read (the window's alone) against the measured
+    bandwidth, prefill's TFLOP/s over the visible keys against the measured GEMM rate."""
+    num_q_heads, num_kv_heads, head_dim = GPT_OSS_HEADS
+    scale = head_dim**-0.5
+    sinks = torch.randn(num_q_heads, device=device).to(torch.bfloat16)
+    rows = []
+
+    def add(kernel, case, run, rate_of):
+        plain_ms = _time_ms(run)
+        for window in (None, GPT_OSS_WINDOW):
+            ms = _time_ms(partial(run, sinks=sinks, sliding_window=window))
+            rate, unit, peak = rate_of(window, ms)
+            rows.append(
+                dict(
+                    kernel=kernel,
+                    case=case,
+                    window=window,
+                    ms=ms,
+                    plain_ms=plain_ms,
+                    rate=rate,
+                    unit=unit,
+                    peak_ratio=rate / peak if peak else None,
+                )
+            )
+
+    print(f"  gpt-oss attention (sinks, window {GPT_OSS_WINDOW} or none): decode, prefill", flush=True)
+    for batch, context in GPT_OSS_DECODE_CASES:
+        k_cache, v_cache, block_tables = _paged_bench_inputs([context] * batch, device, GPT_OSS_HEADS)
+        q = torch.randn(batch, num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
+        lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        run = partial(decode_attention_triton, q, k_cache, v_cache, block_tables, lens, scale, context)
+        kv_bytes = 2 * batch * num_kv_heads * head_dim * 2  # per key: K and V, bf16
+
+        def decode_rate(window, ms):
+            return kv_bytes * min(context, window or context) / ms / 1e6, "GB/s", peak_gbps
+
+        add("decode", f"batch {batch} x context {context}", run, decode_rate)
+        del k_cache, v_cache
+        torch.cuda.empty_cache()
+    for name, query_lens, seq_lens in GPT_OSS_PREFILL_CASES:
+        k_cache, v_cache, block_tables = _paged_bench_inputs(seq_lens, device, GPT_OSS_HEADS)
+        q = torch.randn(sum(query_lens), num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
+        cu = torch.tensor(
+            [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
+        )
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        run = partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale)
+
+        def prefill_rate(window, ms):
+            flops = checks.attention_flops(query_lens, seq_lens, num_q_heads, head_dim, window)
+            return flops / ms / 1e9, "TFLOP/s", peak_tflops
+
+        add("prefill", name, run, prefill_rate)
+        del k_cache, v_cache
+        torch.cuda.empty_cache()
     return rows
 
 
@@ -466,6 +686,47 @@ def markdown(results: dict) -> str:
         )
     lines += (
         []
+        if not results.get("gpt_oss_attention")
+        else [
+            "",
+            f"## gpt-oss attention (bf16, {GPT_OSS_HEADS[0]} q heads / {GPT_OSS_HEADS[1]} KV heads, head_dim "
+            f"{GPT_OSS_HEADS[2]}, block size 16, sinks; whole context or a {GPT_OSS_WINDOW}-key window)",
+            "",
+            "Rate: decode's GB/s of the K/V it must read (the window's alone), prefill's TFLOP/s over the visible "
+            "keys. Plain: the same kernel with neither sinks nor window.",
+            "",
+            "| kernel | case | window | ms | plain ms | rate | of measured peak |",
+            "|---|---|---|---|---|---|---|",
+        ]
+    )
+    for r in results.get("gpt_oss_attention", []):
+        lines.append(
+            f"| {r['kernel']} | {r['case']} | {r['window'] or 'none'} | {r['ms']:.3f} | {r['plain_ms']:.3f} | "
+            f"{r['rate']:.0f} {r['unit']} | {_pct(r['peak_ratio'])} |"
+        )
+    lines += (
+        []
+        if not results.get("moe")
+        else [
+            "",
+            f"## gpt-oss MoE (hidden {MOE_SHAPE[0]}, intermediate {MOE_SHAPE[1]}, {MOE_SHAPE[2]} experts, top-"
+            f"{MOE_SHAPE[3]}; bf16 activations; kernels/fused_moe.py)",
+            "",
+            "GB/s: the weights of the experts the batch hits, each read once. torch: the reference, a loop over them.",
+            "",
+            "| weights | tokens | experts hit | ms | GB/s | of measured bandwidth | TFLOP/s | of GEMM rate "
+            "| torch ms | speedup vs torch |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    )
+    for r in results.get("moe", []):
+        lines.append(
+            f"| {r['weights']} | {r['tokens']} | {r['experts_hit']} | {r['ms']:.3f} | {r['gbps']:.0f} | "
+            f"{_pct(r['peak_ratio'])} | {r['tflops']:.0f} | {_pct(r['tflops_ratio'])} | {_num(r['torch_ms'], '.3f')} | "
+            f"{_num(r['speedup_vs_torch'], '.2f', 'x')} |"
+        )
+    lines += (
+        []
         if "engine" not in results
         else [
             "",
@@ -529,6 +790,8 @@ def run_kernels(device, skip_bench: bool) -> dict:
         print(f"  measured: copy {gbps:.0f} GB/s, dense bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
         results["decode"] = bench_decode(device, gbps)
         results["prefill"] = bench_prefill(device, tflops)
+        results["gpt_oss_attention"] = bench_sinks_window(device, gbps, tflops)
+        results["moe"] = bench_moe(device, gbps, tflops)
     return results
 
 

@@ -11,6 +11,11 @@ A program takes BLOCK_Q query tokens of one sequence and one KV head, and puts a
 that KV head into the rows of one tile (row = token * group + head in group), so the group shares
 every K/V tile in tl.dot. The grid's first axis is an upper bound on the tiles of all sequences;
 each program finds its sequence by binary search over cu_seqlens_q (no host-side tile list).
+
+gpt-oss's optional extras, as in decode_attention.py: `sinks [num_q_heads]` (one logit per query
+head in the softmax's denominator only) and `sliding_window` W (the row at position p sees keys
+p - W + 1 .. p). With a window a tile's key loop starts at its first row's first key: the blocks
+before it may be freed and reused, and are never read.
 """
 
 import torch
@@ -32,21 +37,36 @@ def prefill_attention_reference(
     cu_seqlens_q: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """Plain fp32 causal attention, one sequence at a time."""
+    """Plain fp32 causal attention, one sequence at a time (with a window, over the keys from its
+    first query's first key on: the blocks before them are not read)."""
     num_q_heads, block_size = q.shape[1], k_cache.shape[1]
     group = num_q_heads // k_cache.shape[2]
     out = torch.empty_like(q)
     cu = cu_seqlens_q.tolist()
     for i, n in enumerate(seq_lens.tolist()):
         start, end = cu[i], cu[i + 1]
-        blocks = block_tables[i, : -(-n // block_size)].long()
-        keys = k_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)  # [n, q_heads, d]
-        values = v_cache[blocks].flatten(0, 1)[:n].float().repeat_interleave(group, dim=1)
+        first_pos = n - (end - start)  # of the first query
+        lo = max(0, first_pos - sliding_window + 1) if sliding_window else 0
+        first = lo // block_size
+        blocks = block_tables[i, first : -(-n // block_size)].long()
+        skip, stop = lo - first * block_size, n - first * block_size
+        keys = k_cache[blocks].flatten(0, 1)[skip:stop].float().repeat_interleave(group, dim=1)  # [n - lo, q_heads, d]
+        values = v_cache[blocks].flatten(0, 1)[skip:stop].float().repeat_interleave(group, dim=1)
         scores = torch.einsum("thd,nhd->htn", q[start:end].float(), keys) * scale
-        positions = torch.arange(n - (end - start), n, device=q.device)
-        visible = torch.arange(n, device=q.device)[None, :] <= positions[:, None]
-        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        positions = torch.arange(first_pos, n, device=q.device)
+        key_positions = torch.arange(lo, n, device=q.device)[None, :]
+        visible = key_positions <= positions[:, None]
+        if sliding_window:
+            visible &= key_positions > positions[:, None] - sliding_window
+        scores = scores.masked_fill(~visible, float("-inf"))
+        if sinks is not None:  # one more logit per head, dropped after the softmax
+            sink = sinks.float()[:, None, None].expand(-1, end - start, 1)
+            probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
         out[start:end] = torch.einsum("htn,nhd->thd", probs, values).to(q.dtype)
     return out
 
@@ -75,8 +95,10 @@ def _prefill_kernel(
     block_tables_ptr,
     cu_seqlens_q_ptr,
     seq_lens_ptr,
+    sinks_ptr,
     out_ptr,
     scale_log2,
+    window,
     num_seqs,
     q_stride_token,
     q_stride_head,
@@ -93,6 +115,8 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -124,13 +148,51 @@ def _prefill_kernel(
     # exp2(-inf) = 0 instead of NaN.
     m = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l = tl.zeros([BLOCK_M], tl.float32)
+    if HAS_SINKS:
+        # The sink is one more (unscaled) logit in the denominator: m = sink, l = exp2(sink - m) = 1.
+        m = tl.load(sinks_ptr + heads).to(tl.float32) * 1.4426950408889634
+        l = tl.full([BLOCK_M], 1.0, tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     block_table = block_tables_ptr + seq.to(tl.int64) * block_tables_stride
     kv_head_offset = kv_head * cache_stride_head
-    # Keys before the tile's first query position are visible to every row: whole steps of them
-    # need no mask. The rest, up to the tile's last query position, are masked causally.
-    unmasked_end = (context_len + first_token) // BLOCK_N * BLOCK_N
-    kv_end = tl.minimum(seq_len, context_len + first_token + BLOCK_Q)
+    first_pos = context_len + first_token  # of the tile's first query token
+    kv_end = tl.minimum(seq_len, first_pos + BLOCK_Q)
+    if USE_WINDOW:
+        # Three runs of keys: from the first row's first key (nothing before it is read) up to the
+        # last row's first key, masked by the window (whole steps); then keys every row sees,
+        # unmasked; then the rest up to the last row, masked causally.
+        window_start = tl.maximum(first_pos - window + 1, 0)
+        last_window_start = tl.maximum(kv_end - window, window_start)  # of the tile's last token
+        head_end = tl.minimum(window_start + tl.cdiv(last_window_start - window_start, BLOCK_N) * BLOCK_N, kv_end)
+        unmasked_end = head_end + tl.maximum(first_pos + 1 - head_end, 0) // BLOCK_N * BLOCK_N
+        m, l, acc = attend_paged_keys(
+            q,
+            m,
+            l,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_table,
+            kv_head_offset,
+            window_start,
+            head_end,
+            row_pos,
+            scale_log2,
+            cache_stride_block,
+            cache_stride_token,
+            window,
+            HEAD_DIM,
+            BLOCK_SIZE,
+            BLOCK_N,
+            UPCAST_DOT,
+            MASKED=True,
+            USE_WINDOW=True,
+        )
+    else:
+        # Keys before the tile's first query position are visible to every row: whole steps of
+        # them need no mask. The rest, up to the tile's last query position, are masked causally.
+        head_end = 0
+        unmasked_end = first_pos // BLOCK_N * BLOCK_N
     m, l, acc = attend_paged_keys(
         q,
         m,
@@ -140,17 +202,19 @@ def _prefill_kernel(
         v_cache_ptr,
         block_table,
         kv_head_offset,
-        0,
+        head_end,
         unmasked_end,
         row_pos,
         scale_log2,
         cache_stride_block,
         cache_stride_token,
+        window,
         HEAD_DIM,
         BLOCK_SIZE,
         BLOCK_N,
         UPCAST_DOT,
         MASKED=False,
+        USE_WINDOW=False,
     )
     m, l, acc = attend_paged_keys(
         q,
@@ -167,11 +231,13 @@ def _prefill_kernel(
         scale_log2,
         cache_stride_block,
         cache_stride_token,
+        window,
         HEAD_DIM,
         BLOCK_SIZE,
         BLOCK_N,
         UPCAST_DOT,
         MASKED=True,
+        USE_WINDOW=False,  # every row's window holds these keys
     )
 
     out = acc / tl.where(l > 0, l, 1.0)[:, None]  # padded rows have l = 0
@@ -193,10 +259,13 @@ def prefill_attention_triton(
     block_m: int = BLOCK_M,
     block_n: int = BLOCK_N,
     out: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """The Triton kernel behind `prefill_attention_reference`'s interface (`block_m`, `block_n`:
     tile sizes, smaller in tests so that a few tokens span several tiles; `out`: where to write, a
-    view of a larger step's output, else a new tensor)."""
+    view of a larger step's output, else a new tensor; `sinks` (any float dtype, read as fp32) and
+    `sliding_window`: see the module's docstring, None for neither)."""
     num_tokens, num_q_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     num_seqs = seq_lens.shape[0]
@@ -207,6 +276,10 @@ def prefill_attention_triton(
     assert group <= block_m, f"a tile of {block_m} rows cannot hold a group of {group} query heads"
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and q.stride(-1) == 1
     assert block_tables.stride(-1) == 1
+    if sinks is not None:
+        assert sinks.shape == (num_q_heads,) and sinks.stride(0) == 1, f"sinks must be [{num_q_heads}], contiguous"
+    if sliding_window is not None:
+        assert sliding_window >= 1, f"sliding_window must be at least 1, got {sliding_window}"
     out = torch.empty_like(q) if out is None else out
     assert out.shape == q.shape and out.stride(-1) == 1
     if num_tokens == 0:
@@ -220,8 +293,10 @@ def prefill_attention_triton(
         block_tables,
         cu_seqlens_q,
         seq_lens,
+        q if sinks is None else sinks,  # not read without sinks
         out,
         scale * LOG2E,
+        sliding_window or 0,
         num_seqs,
         q.stride(0),
         q.stride(1),
@@ -238,6 +313,8 @@ def prefill_attention_triton(
         BLOCK_SIZE=block_size,
         BLOCK_N=block_n,
         UPCAST_DOT=upcast_dot_operands(q.dtype),
+        HAS_SINKS=sinks is not None,
+        USE_WINDOW=sliding_window is not None,
         num_warps=8 if block_m >= 128 else 4,
     )
     return out

@@ -48,15 +48,20 @@ def attend_paged_keys(
     scale_log2,
     cache_stride_block,
     cache_stride_token,
+    window,
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     BLOCK_N: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     MASKED: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     """Online-softmax update of (m, l, acc) with the paged keys start .. end-1 of one KV head,
-    BLOCK_N at a time (shared by the decode and prefill kernels). MASKED: mask keys past `end` and
-    past each row's position `row_pos`; without it every row sees every key."""
+    BLOCK_N at a time from `start` (shared by the decode and prefill kernels). MASKED: mask keys past
+    `end` and past each row's position `row_pos` (and, with USE_WINDOW, those at or before
+    `row_pos - window`: a sliding window of `window` keys); without it every row sees every key.
+    No key before `start` is read (its block-table entry may name a freed block), so a sliding
+    window's callers start at the first key the window needs."""
     dims = tl.arange(0, HEAD_DIM)
     for n0 in range(start, end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -71,7 +76,10 @@ def attend_paged_keys(
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [rows, BLOCK_N]
         if MASKED:
-            s = tl.where(key_ok[None, :] & (pos[None, :] <= row_pos[:, None]), s, float("-inf"))
+            visible = key_ok[None, :] & (pos[None, :] <= row_pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (pos[None, :] > row_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])

@@ -19,6 +19,7 @@ class ScheduledBatch:
     num_logits: list[int] = field(default_factory=list)
     num_draft: list[int] = field(default_factory=list)
     block_tables: np.ndarray | None = None  # BlockManager.block_tables: row seq.block_row is seq's
+    window_tables: np.ndarray | None = None  # BlockManager.window_tables, where the model has window layers
 
     def __len__(self):
         return len(self.seqs)

@@ -43,6 +43,10 @@ class Sequence:
         self.is_prefill = True
         self.block_table: list[int] = []
         self.block_row: int | None = None  # its row of BlockManager.block_tables while it holds blocks
+        # With sliding-window layers beside full ones: their blocks, by position; the first
+        # `window_freed` left the window and went back to the pool (-1).
+        self.window_table: list[int] = []
+        self.window_freed = 0
         self.block_hashes: list[int] = []  # prefix-cache hashes of its full, computed blocks
         self.num_preemptions = 0
         # Speculative decoding: the drafts proposed for its next step, the probabilities each was

@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import kernels.decode_attention  # noqa: E402
+import kernels.fused_moe  # noqa: E402
 import kernels.kv_cache  # noqa: E402
 import kernels.prefill_attention  # noqa: E402
 import kernels.rejection_sample  # noqa: E402
@@ -33,6 +34,7 @@ POINTER_TYPES = {
     torch.int32: "*i32",
     torch.int64: "*i64",
     torch.bool: "*u1",
+    torch.uint8: "*u8",
 }
 TARGET = GPUTarget("cuda", int(os.environ.get("SAAF_COMPILE_ARCH", "90")), 32)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
@@ -96,6 +98,7 @@ def main():
         kernels.rms_norm,
         kernels.rotary,
         kernels.rejection_sample,
+        kernels.fused_moe,
     ):
         source = Path(module.__file__).read_text()
         for name in dir(module):
@@ -115,6 +118,14 @@ def main():
         checks.check_mixed_step_attention([1, 5], [9, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
         checks.check_mixed_step_attention([1, 1, 5, 3], [9, 300, 40, 3], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
         checks.check_rotary(3, 8 * gqa, 8, head_dim, dtype, "cpu")
+    # gpt-oss's attention (64 query heads over 8 KV heads, head_dim 64): sinks, its 128-key sliding
+    # window, both; one pass and split-K, prefill, a mixed step.
+    for sinks, window in ((True, None), (False, 128), (True, 128)):
+        extras = dict(sinks=sinks, sliding_window=window)
+        for num_splits in (1, 4):
+            checks.check_decode_attention([5, 400], 64, 8, 64, 16, dtype, "cpu", num_splits, **extras)
+        checks.check_prefill_attention([5, 1], [5, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
+        checks.check_mixed_step_attention([1, 1, 5], [9, 300, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
     checks.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
     for with_residual in (False, True):
         checks.check_rms_norm(3, 4096, dtype, "cpu", with_residual)
@@ -126,7 +137,25 @@ def main():
             [0, 0], [False, True], 1000, with_draft_probs, "cpu", torch.Generator().manual_seed(0), extra_slots=0
         )
         kernels.rejection_sample.rejection_sample_triton(**args)
+    compile_fused_moe()
     print(f"{len(compiled)} kernel variants compiled for sm_{TARGET.arch}")
+
+
+def compile_fused_moe():
+    """gpt-oss's MoE (kernels/fused_moe.py): both launches (gate_up with the SwiGLU, down with the
+    routing weight) with dense bf16 and MXFP4 weights, at the launcher's decode tiles (top-4 of 128
+    experts, one token) and prefill tiles (4096 tokens), top-k 4 and 1; dense weights also
+    K-contiguous (`[E, out, in]` storage); fp32 at its own tiles (the GPU check runs it). Small
+    dims: the compiled kernel does not depend on them."""
+    from kernels.fused_moe import moe_tile_config
+
+    for mxfp4 in (False, True):
+        for dtype, num_tokens in ((torch.bfloat16, 1), (torch.bfloat16, 4096), (torch.float32, 1)):
+            config = moe_tile_config(num_tokens * 4, 128, dtype, mxfp4)
+            for top_k in (4, 1) if dtype == torch.bfloat16 and num_tokens == 1 else (4,):
+                checks.check_fused_moe(3, 64, 64, 8, top_k, dtype, "cpu", mxfp4=mxfp4, **config)
+            if not mxfp4 and dtype == torch.bfloat16:
+                checks.check_fused_moe(3, 64, 64, 8, 4, dtype, "cpu", k_contiguous=True, **config)
 
 
 if __name__ == "__main__":

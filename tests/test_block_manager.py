@@ -79,3 +79,43 @@ def test_no_sharing_when_prefix_caching_is_off():
     compute(a, a.num_tokens, bm)
     b = seq(list(range(12)) + [2])
     assert bm.match_prefix(b) == 0 and b.block_table == []
+
+
+def test_window_table_frees_blocks_that_left_the_window():
+    """With window layers beside full ones a sequence holds two tables from one pool; the window
+    table's blocks wholly before its next query's window go back as it moves (position p sees
+    keys p - window + 1 .. p)."""
+    bm = BlockManager(num_blocks=40, block_size=4, sliding_window=6)
+    s = seq(list(range(30)))
+    assert bm.blocks_needed(s, 30) == 16  # 8 positions' blocks, in each table
+    assert bm.allocate(s, 30)
+    assert len(s.block_table) == len(s.window_table) == 8 and bm.num_free_blocks == 24
+    compute(s, 30, bm)
+    bm.check_invariants([s])
+    for _ in range(3):  # decodes at positions 30, 31 fit the 8 blocks; 32 needs a ninth
+        assert bm.allocate(s, 1)
+        compute(s, 1, bm)
+    # Released when a new block was taken: position 32 sees keys from 27 on, so blocks 0-5 (tokens
+    # 0-23) left the window, and block 6 stays.
+    assert s.window_freed == 6 and s.window_table[:6] == [-1] * 6
+    assert len(s.block_table) == 9 and bm.num_free_blocks == 40 - 9 - 3
+    assert (bm.window_tables[s.block_row, :6] == 0).all() and bm.window_tables[s.block_row, 6:9].all()
+    bm.check_invariants([s])
+    bm.free(s)
+    assert bm.num_free_blocks == 40 and s.window_table == [] and s.window_freed == 0
+    bm.check_invariants([])
+
+
+def test_window_blocks_are_freed_before_a_failed_allocation_is_refused():
+    """Released window blocks count for the allocation that releases them; one that still does not
+    fit changes nothing else."""
+    bm = BlockManager(num_blocks=12, block_size=4, sliding_window=4)
+    s = seq(list(range(20)))
+    assert bm.allocate(s, 20) and bm.num_free_blocks == 2  # 5 + 5 blocks
+    compute(s, 20, bm)
+    assert bm.allocate(s, 4)  # position 20 sees 17..20: blocks 0-3 go back, then 1 + 1 new ones
+    assert bm.num_free_blocks == 4 and s.window_freed == 4
+    compute(s, 4, bm)
+    assert not bm.allocate(s, 40)  # 10 more blocks in each table: too many even after releasing
+    assert len(s.block_table) == 6 and s.window_freed == 5
+    bm.check_invariants([s])

@@ -72,5 +72,8 @@ def test_any_number_of_logits_rows_per_sequence_and_nothing_but_tensors_and_ints
     assert engine.runner.execute(step).shape == (4, engine.model_config.vocab_size)
     for f in fields(StepInput):
         value = getattr(step, f.name)
+        if f.name.startswith("window_"):  # only a model with window layers beside full ones has them
+            assert value is None, f.name
+            continue
         assert isinstance(value, torch.Tensor) or all(isinstance(v, int) for v in value), f.name
     assert pickle.loads(pickle.dumps(step)).input_ids.tolist() == step.input_ids.tolist()

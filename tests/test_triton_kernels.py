@@ -15,7 +15,8 @@ import torch
 
 from kernels import checks
 from kernels.checks import assert_close, ragged_lengths
-from kernels.decode_attention import choose_num_splits
+from kernels.decode_attention import choose_num_splits, decode_attention_reference
+from kernels.prefill_attention import prefill_attention_reference
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -128,6 +129,141 @@ def test_mixed_step_all_decodes_or_none_leading(query_lens, num_decodes):
     got, want, found = checks.check_mixed_step_attention(query_lens, seq_lens, 4, 1, 64, 8, torch.float32, DEVICE)
     assert found == num_decodes
     assert_close(got, want, torch.float32, f"step {query_lens}")
+
+
+# gpt-oss: attention sinks and a sliding window. With a window, the checks free the blocks before
+# each sequence's window (kernels.checks.free_blocks_before_window): NaN-filled, half their table
+# entries pointing at arbitrary blocks, so a kernel that reads any of them fails.
+
+# (sinks, sliding_window): sinks alone; a window alone and with sinks, of 13 keys (no multiple of
+# any block size, so windows start and end inside blocks and cross their boundaries); a window of
+# the query's own key only; and one wider than every context (nothing freed, the plain masks).
+SINK_WINDOW_CASES = [(True, None), (False, 13), (True, 13), (True, 1), (True, 1000)]
+
+
+def small_block_size_for(gqa: int, dtype: torch.dtype) -> int:
+    """8, 16 or 32 over the dtype x GQA grid: windows of 13 keys then span block boundaries, and
+    the contexts stay short enough for the interpreter."""
+    return (8, 16, 32)[(gqa + DTYPES.index(dtype)) % 3]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gqa", [1, 8])
+def test_decode_attention_sinks_and_window(dtype, gqa):
+    block_size = small_block_size_for(gqa, dtype)
+    lens = ragged_lengths(block_size)
+    for sinks, window in SINK_WINDOW_CASES + [(True, block_size + 3)]:
+        # Split-K where it has keys to split: not for a one-key window, or one as wide as none.
+        for num_splits in (1, 4) if window not in (1, 1000) else (1,):
+            got, want = checks.check_decode_attention(
+                lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, num_splits, sinks=sinks, sliding_window=window
+            )
+            case = f"decode gqa={gqa} block_size={block_size} sinks={sinks} window={window} splits={num_splits}"
+            assert_close(got, want, dtype, case)
+
+
+@pytest.mark.parametrize("window", [None, 200])
+def test_decode_attention_split_k_carries_the_sink_once(window):
+    """Several splits hold keys (4 or 8 of them over 300 and 700 tokens, or over a 200-key window),
+    others none (contexts of 1 and 2): the sink must count once, in split 0."""
+    for num_splits in (4, 8):
+        got, want = checks.check_decode_attention(
+            [1, 2, 300, 700], 8, 2, 64, 16, torch.float32, DEVICE, num_splits, sinks=True, sliding_window=window
+        )
+        assert_close(got, want, torch.float32, f"decode split-K splits={num_splits} window={window}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("gqa", [1, 8])
+def test_prefill_attention_sinks_and_window(dtype, gqa):
+    """The varlen batch (prompts, chunks after cached context, one-token rows, a verify) plus a
+    chunk after a long context whose first blocks have left the window. 32-row tiles of 16-key
+    steps: with GQA 1 a tile's 32 tokens span more than a 13-key window, so its keys come in all
+    three runs (the window's ragged start, keys every row sees, the causal end)."""
+    block_size = small_block_size_for(gqa, dtype)
+    query_lens, seq_lens = prefill_batch(block_size)
+    query_lens, seq_lens = query_lens + [5], seq_lens + [6 * block_size + 5]
+    for sinks, window in SINK_WINDOW_CASES:
+        got, want = checks.check_prefill_attention(
+            query_lens,
+            seq_lens,
+            2 * gqa,
+            2,
+            64,
+            block_size,
+            dtype,
+            DEVICE,
+            sinks=sinks,
+            sliding_window=window,
+            block_m=32,
+            block_n=16,
+        )
+        assert_close(got, want, dtype, f"prefill gqa={gqa} block_size={block_size} sinks={sinks} window={window}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_prefill_attention_sinks_and_window_default_tiles(dtype):
+    """gpt-oss's heads (GQA 8, head_dim 64) on the GPU's tiles (128 rows: 16 tokens; 64-key steps)
+    with its 128-key window: a 300-token prompt, and chunks after 200 and 1000 cached tokens."""
+    query_lens, seq_lens = [300, 40, 7], [300, 240, 1007]
+    got, want = checks.check_prefill_attention(
+        query_lens, seq_lens, 16, 2, 64, 16, dtype, DEVICE, sinks=True, sliding_window=128
+    )
+    assert_close(got, want, dtype, "prefill gpt-oss tiles, window 128")
+
+
+@pytest.mark.parametrize("sinks, window", [(True, 13), (True, 1000), (False, 13), (True, None)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_mixed_step_sinks_and_window(sinks, window, dtype):
+    """A step of decodes (one past a long context whose first blocks left the window) and prefill
+    rows through paged_attention_triton, which passes both extras to both kernels."""
+    query_lens = [1, 1, 1, 1, 4, 9, 21, 1]
+    seq_lens = [2, 17, 600, 33, 40, 41, 21, 50]
+    got, want, num_decodes = checks.check_mixed_step_attention(
+        query_lens, seq_lens, 16, 2, 64, 16, dtype, DEVICE, sinks=sinks, sliding_window=window
+    )
+    assert num_decodes == 4
+    assert_close(got, want, dtype, f"mixed step sinks={sinks} window={window}")
+
+
+def test_attention_references_match_transformers_gpt_oss():
+    """Both references with sinks and a window against transformers' gpt-oss eager attention (the
+    sinks' softmax) under its sliding-window causal mask, on one sequence: a 6-token chunk after 14
+    cached tokens (prefill) and its last token alone (decode)."""
+    from types import SimpleNamespace
+
+    from transformers.masking_utils import sliding_window_causal_mask_function
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    g = torch.Generator().manual_seed(0)
+    num_q_heads, num_kv_heads, head_dim, block_size, n, query_len, window = 8, 2, 16, 4, 20, 6, 5
+    q = torch.randn(query_len, num_q_heads, head_dim, generator=g)
+    k = torch.randn(n, num_kv_heads, head_dim, generator=g)
+    v = torch.randn(n, num_kv_heads, head_dim, generator=g)
+    sinks = 3 * torch.randn(num_q_heads, generator=g)
+    scale = head_dim**-0.5
+
+    positions = torch.arange(n - query_len, n)
+    visible = sliding_window_causal_mask_function(window)(0, 0, positions[:, None], torch.arange(n)[None, :])
+    mask = torch.zeros(visible.shape).masked_fill(~visible, float("-inf"))[None, None]
+    module = SimpleNamespace(num_key_value_groups=num_q_heads // num_kv_heads, sinks=sinks, training=False)
+    want, _ = eager_attention_forward(
+        module, q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, scale
+    )
+    want = want[0]  # [query_len, num_q_heads, head_dim]
+
+    # The same keys in a paged cache, blocks in reverse order.
+    num_blocks = n // block_size
+    k_cache = k.view(num_blocks, block_size, num_kv_heads, head_dim).flip(0).contiguous()
+    v_cache = v.view(num_blocks, block_size, num_kv_heads, head_dim).flip(0).contiguous()
+    block_tables = torch.arange(num_blocks - 1, -1, -1, dtype=torch.int32)[None]
+    seq_lens = torch.tensor([n], dtype=torch.int32)
+    extras = dict(sinks=sinks, sliding_window=window)
+    cu_seqlens_q = torch.tensor([0, query_len], dtype=torch.int32)
+    got = prefill_attention_reference(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, **extras)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    got = decode_attention_reference(q[-1:], k_cache, v_cache, block_tables, seq_lens, scale, **extras)
+    torch.testing.assert_close(got, want[-1:], atol=1e-5, rtol=1e-5)
 
 
 # KV-cache write, RMSNorm, rotary

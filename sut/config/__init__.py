@@ -5,7 +5,7 @@ disaggregated serving's in disaggregation.py)."""
 from sut.config.cpu import CpuSettings
 from sut.config.disaggregation import DisaggregationConfig
 from sut.config.engine import EngineConfig
-from sut.config.model import DTYPES, SUPPORTED_ARCHITECTURES, ModelConfig, RopeScaling
+from sut.config.model import DTYPES, SUPPORTED_ARCHITECTURES, ModelConfig, MoEConfig, RopeScaling, YarnScaling
 from sut.config.speculative import SpeculativeConfig
 
 __all__ = [
@@ -15,6 +15,8 @@ __all__ = [
     "DisaggregationConfig",
     "EngineConfig",
     "ModelConfig",
+    "MoEConfig",
     "RopeScaling",
     "SpeculativeConfig",
+    "YarnScaling",
 ]

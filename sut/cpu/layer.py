@@ -87,7 +87,7 @@ class CpuDecoder:
     def applies(model: nn.Module) -> bool:
         """Every layer's linears compute from their blocks, without biases, at one row or more (at
         some levels the exact Q4_1 kernel is slower than oneDNN at any size: quant.py)."""
-        return all(
+        return model.config.architecture == "LlamaForCausalLM" and all(
             isinstance(linear, BlockQuantLinear) and linear.bias is None and linear.block_rows > 0
             for layer in model.model.layers
             for linear in _linears(layer)

@@ -137,7 +137,9 @@ def decode_attention_c(
         raise RuntimeError(f"sut.cpu.ops: paged_decode_attention failed with code {rc}")
 
 
-def paged_attention_c(q, k, v, k_cache, v_cache, meta, scale, lib):
+def paged_attention_c(q, k, v, k_cache, v_cache, meta, scale, lib, sinks=None, sliding_window=None):
+    if sinks is not None or sliding_window is not None:  # gpt-oss's: the C decode kernel has neither
+        return paged_attention(q, k, v, k_cache, v_cache, meta, scale, sinks=sinks, sliding_window=sliding_window)
     if (
         q.dtype != F32
         or not q.is_contiguous()

@@ -139,7 +139,7 @@ class LLMEngine:
     def _reset_scheduling(self) -> None:
         """A block manager and scheduler with nothing cached, counted or timed."""
         self.block_manager = BlockManager(
-            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching, self.runner.kv_window
         )
         self.scheduler = Scheduler(self.config, self.block_manager, self.eos_token_ids)
         self.scheduler.kv_export = self.kv_export

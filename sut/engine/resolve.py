@@ -56,6 +56,7 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
             weight_bytes = sum(f.stat().st_size for f in draft_folder.glob("*.safetensors"))
             draft = DraftModel(draft_folder, draft_config, weight_bytes)
     _check_parallel(config, mc, device)
+    _check_model_features(config, mc)
     if config.verify_checksums:
         verify_folder(folder)
         if draft is not None:
@@ -90,6 +91,24 @@ def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         if cores < dp:
             raise ConfigError(f"engine setting {what} needs {dp} cores, and this process has {cores}")
+
+
+def _check_model_features(config: EngineConfig, mc: ModelConfig) -> None:
+    """What the engine does not do yet for a model's kind of layers (gpt-oss's)."""
+    if mc.moe is not None and config.tensor_parallel_size > 1:
+        raise ConfigError(
+            f"engine setting tensor_parallel_size={config.tensor_parallel_size}: a mixture-of-experts model "
+            f"({mc.architecture}) runs one replica per GPU here (data_parallel_size), not split across GPUs"
+        )
+    if mc.sliding_window is not None and config.enable_prefix_caching:
+        raise ConfigError(
+            f"engine setting enable_prefix_caching: not for a model with sliding-window layers ({mc.architecture}) yet"
+        )
+    if mc.sliding_window is not None and config.disaggregation is not None:
+        raise ConfigError(
+            f"engine setting disaggregation: not for a model with sliding-window layers ({mc.architecture}) yet: "
+            "the transfer carries one block table"
+        )
 
 
 def for_replica(resolved: ResolvedConfig) -> ResolvedConfig:

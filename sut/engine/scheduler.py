@@ -153,6 +153,7 @@ class Scheduler:
             num_logits,
             num_draft,
             self.block_manager.block_tables,
+            self.block_manager.window_tables,
         )
 
     def reserve_drafts(self) -> tuple[list[Sequence], list[int]]:
@@ -180,6 +181,8 @@ class Scheduler:
         finished: list[Sequence] = []
         outputs = iter(sampled)
         cache_blocks = self.block_manager.enable_prefix_caching
+        # Window layers' blocks go back as soon as the window has moved past them.
+        windowed = self.block_manager.sliding_window is not None
         for seq, n, k, prefill, d in zip(
             batch.seqs, batch.num_new_tokens, batch.num_logits, batch.is_prefill, batch.num_draft
         ):
@@ -187,6 +190,8 @@ class Scheduler:
                 seq.num_computed_tokens += n
                 if cache_blocks:
                     self.block_manager.cache_computed_blocks(seq)
+                if windowed:
+                    self.block_manager.release_window_blocks(seq)
                 continue
             tokens = next(outputs)
             if seq.batch_done:  # static batching: finished, computing on until its batch has
@@ -216,6 +221,8 @@ class Scheduler:
             seq.num_computed_tokens = min(seq.num_computed_tokens, seq.num_tokens - 1)
             if cache_blocks:
                 self.block_manager.cache_computed_blocks(seq)
+            if windowed and seq.block_table:
+                self.block_manager.release_window_blocks(seq)
             if reason and self.batching.holds_finished_rows():
                 seq.batch_done = (reason, len(seq.output_token_ids))
             elif reason:

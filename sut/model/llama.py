@@ -6,13 +6,12 @@ fp32, rope tables in fp32), which is what makes greedy output token-identical to
 rope, KV-cache write and attention go through `self.ops` (kernels.KernelOps: the PyTorch ops or
 our Triton kernels, set by the runner)."""
 
-import math
-
 import torch
 from torch import nn
 
 from kernels import TORCH_OPS, AttentionMetadata, KernelOps
 from sut.config import ModelConfig
+from sut.model.rope import RotaryEmbedding
 from sut.parallel import Shard, all_reduce, embed, gather_logits
 
 
@@ -27,41 +26,6 @@ class RMSNorm(nn.Module):
         if residual is None:
             return ops.rms_norm(x, self.weight, self.eps), x
         return ops.add_rms_norm(x, residual, self.weight, self.eps)
-
-
-def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
-    dim = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-    s = config.rope_scaling
-    if s is None:
-        return inv_freq
-    # Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, the band between blended.
-    wavelen = 2 * math.pi / inv_freq
-    low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor
-    high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq)
-    smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
-        s.high_freq_factor - s.low_freq_factor
-    )
-    blended = (1 - smooth) * scaled / s.factor + smooth * scaled
-    in_band = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(in_band, blended, scaled)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for every position, computed once in fp32 (rotate-half layout)."""
-
-    def __init__(self, config: ModelConfig, device: torch.device | str):
-        super().__init__()
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, rope_inv_freq(config))
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos().to(device), persistent=False)
-        self.register_buffer("sin", emb.sin().to(device), persistent=False)
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin `[num_tokens, head_dim]` for these positions (once per step, not per layer)."""
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class FusedLinear(nn.Linear):
@@ -99,9 +63,11 @@ class LlamaAttention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)
         q, k = ops.rotary(q, k, *rope)
         ops.store_kvcache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        o = ops.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
-        out = self.o_proj(o.view(n, -1))
+        out = self.o_proj(self.attend(q, k, v, meta, ops).view(n, -1))
         return all_reduce(out) if self.tp else out
+
+    def attend(self, q, k, v, meta: AttentionMetadata, ops: KernelOps) -> torch.Tensor:
+        return ops.paged_attention(q, k, v, self.k_cache, self.v_cache, meta, self.scale)
 
 
 class LlamaMLP(nn.Module):
@@ -145,10 +111,12 @@ class LlamaModel(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    model_class = LlamaModel  # an architecture built on Llama's (gpt_oss.py) names its own
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config)
+        self.model = self.model_class(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.rotary: RotaryEmbedding | None = None  # built on the real device after loading
         self.ops: KernelOps = TORCH_OPS  # the runner picks the backend

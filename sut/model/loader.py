@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from kernels.mxfp4 import dequantize_mxfp4
 from sut.config import ModelConfig
 from sut.errors import CheckpointError
 from sut.model.llama import FusedLinear
@@ -19,6 +20,8 @@ from sut.model.registry import model_class
 from sut.parallel import Shard, local_config, read_shard, slice_for
 
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
+# gpt-oss's experts, stored as MXFP4 (`<name>_blocks`, `<name>_scales`) in its checkpoints.
+MXFP4_WEIGHTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -98,6 +101,7 @@ def load_model(
     expected = checkpoint_layout(model)
     if config.tie_word_embeddings:
         del expected["lm_head.weight"]
+    quantized = _mxfp4_layout(expected, folder) if config.quantization == "mxfp4" else {}
     loaded: set[str] = set()
     names_in = tensor_names(folder, weight_files(folder))
     for file, names in names_in.items():
@@ -118,9 +122,14 @@ def load_model(
                         f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
                         f"config.json implies {tuple(shape)}"
                     )
-                if tensor.is_floating_point() and not tensor.isfinite().all():  # every output would be garbage
+                if param_name in quantized:
+                    _put_mxfp4(model, param_name, quantized[param_name], file, name, tensor, device, dtype)
+                elif not tensor.is_floating_point():
+                    raise CheckpointError(f"{file}: tensor {name!r} has dtype {tensor.dtype}, not a floating-point one")
+                elif not tensor.isfinite().all():  # every output would be garbage
                     raise CheckpointError(f"{file}: tensor {name!r} holds NaN or inf values (a corrupt checkpoint)")
-                _put(model, param_name, row, tensor, device, dtype)
+                else:
+                    _put(model, param_name, row, tensor, device, dtype)
                 loaded.add(name)
                 del tensor
         except SafetensorError as e:
@@ -130,6 +139,34 @@ def load_model(
         raise CheckpointError(f"{folder}: checkpoint lacks {len(missing)} tensor(s), e.g. {missing[:3]}")
     model.finish_loading(device, shard)
     return model.eval()
+
+
+def _mxfp4_layout(expected: dict, folder: Path) -> dict[str, dict]:
+    """Replace each MXFP4 expert weight `[experts, in, out]` in `expected` by its checkpoint pair:
+    `_blocks [experts, out, in / 32, 16]` (uint8, two e2m1 values a byte) and `_scales [experts, out,
+    in / 32]` (uint8 E8M0); return {parameter: {}}, where the loader keeps a pair until both are read."""
+    quantized = {}
+    for name in [n for n in expected if n.endswith(MXFP4_WEIGHTS)]:
+        param_name, _, (experts, rows_in, rows_out) = expected.pop(name)
+        if rows_in % 32:
+            raise CheckpointError(f"{folder}: {name} has {rows_in} input features, not a multiple of MXFP4's 32")
+        expected[name + "_blocks"] = (param_name, 0, torch.Size([experts, rows_out, rows_in // 32, 16]))
+        expected[name + "_scales"] = (param_name, 0, torch.Size([experts, rows_out, rows_in // 32]))
+        quantized[param_name] = {}
+    return quantized
+
+
+def _put_mxfp4(
+    model: nn.Module, param_name: str, pair: dict, file: Path, name: str, tensor: torch.Tensor, device, dtype
+) -> None:
+    """Keep one half of an MXFP4 pair; with both, put the dequantized weight in place (this backend
+    computes the experts from dense weights)."""
+    if tensor.dtype != torch.uint8:
+        raise CheckpointError(f"{file}: MXFP4 tensor {name!r} has dtype {tensor.dtype}, not uint8")
+    pair[name.rpartition("_")[2]] = tensor
+    if len(pair) == 2:
+        dense = dequantize_mxfp4(pair.pop("blocks"), pair.pop("scales"), torch.float32).transpose(1, 2)
+        _put(model, param_name, 0, dense, device, dtype)
 
 
 def _put(model: nn.Module, param_name: str, row: int, tensor: torch.Tensor, device, dtype) -> None:

@@ -4,10 +4,12 @@ adds in sut/config/model.py (tests/test_model_registry.py holds the two lists to
 
 from sut.config import ModelConfig
 from sut.errors import UnsupportedModelError
+from sut.model.gpt_oss import GptOssForCausalLM
 from sut.model.llama import LlamaForCausalLM
 
 MODELS = {
     "LlamaForCausalLM": LlamaForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 

@@ -10,6 +10,7 @@ split count is fixed at capture (from max_model_len); each program finds its key
 sequence's own length at run time, so any count is right for any context, only less tuned.
 """
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -42,9 +43,11 @@ class DecodeGraphs:
         max_model_len: int,
         device: torch.device,
         capture: Callable = capture_cuda_graph,
+        window: bool = False,
     ):
         """`capture(run, pool) -> (graph with .replay(), output tensor, pool)`: CUDA graphs, or a
-        stand-in in tests (CPU has no graphs)."""
+        stand-in in tests (CPU has no graphs). `window`: the model's window layers have block tables
+        of their own."""
         self.sizes = graph_batch_sizes(max_batch)
         n = self.sizes[-1]
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
@@ -53,6 +56,9 @@ class DecodeGraphs:
         self.block_tables = torch.zeros(n, max_blocks_per_seq, dtype=torch.int32, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int32, device=device)
         self.cu_seqlens_q = torch.arange(n + 1, dtype=torch.int32, device=device)
+        # A model with window layers beside full ones: their slots and tables (sut/engine/block_manager.py).
+        self.window_slot_mapping = self.slot_mapping.clone() if window else None
+        self.window_block_tables = self.block_tables.clone() if window else None
         self.graphs, self.outputs = {}, {}
         pool = None
         for size in reversed(self.sizes):  # the largest first: the smaller ones reuse its memory
@@ -64,6 +70,10 @@ class DecodeGraphs:
                 [1] * size,
                 [max_model_len] * size,
             )
+            if window:
+                meta.window = dataclasses.replace(
+                    meta, slot_mapping=self.window_slot_mapping[:size], block_tables=self.window_block_tables[:size]
+                )
             run = lambda size=size, meta=meta: model(self.input_ids[:size], self.positions[:size], meta)
             self.graphs[size], self.outputs[size], pool = capture(run, pool)
 
@@ -86,5 +96,11 @@ class DecodeGraphs:
         self.slot_mapping[n:size].fill_(-1)
         self.seq_lens[n:size].fill_(1)
         self.block_tables[n:size, 0].fill_(0)
+        if self.window_block_tables is not None:
+            width = step.window_block_tables.shape[1]
+            self.window_slot_mapping[:n].copy_(step.window_slot_mapping, non_blocking=True)
+            self.window_block_tables[:n, :width].copy_(step.window_block_tables, non_blocking=True)
+            self.window_slot_mapping[n:size].fill_(-1)
+            self.window_block_tables[n:size, 0].fill_(0)
         self.graphs[size].replay()
         return self.outputs[size][:n]

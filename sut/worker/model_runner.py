@@ -2,6 +2,7 @@
 batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
 `execute` runs the forward on it and returns the logits of the rows the batch wants."""
 
+import dataclasses
 from itertools import chain
 
 import numpy as np
@@ -67,20 +68,26 @@ class ModelRunner:
         except ValueError as e:  # kernels knows nothing of the engine's errors
             raise ConfigError(f"engine setting {e}") from None
         c = model_config
+        # Sliding-window layers beside full ones: two block tables per sequence from one pool, a
+        # block holding one group's layers (sut/engine/block_manager.py); else one table, None here.
+        self.kv_window = kv_window(c)
+        slots = kv_layer_slots(c)
         self.bytes_per_block = kv_bytes_per_block(c, config.block_size, dtype)
         self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config, draft)
-        if self.num_blocks * self.block_size < max_model_len:
+        needed = blocks_for_one_sequence(c, config.block_size, max_model_len, config.max_num_batched_tokens)
+        if self.num_blocks < needed:
             raise ConfigError(
                 f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
-                f"max_model_len={max_model_len} tokens; raise num_kv_blocks / kv_cache_memory_gb or lower max_model_len"
+                f"max_model_len={max_model_len} tokens ({needed} blocks); raise num_kv_blocks / kv_cache_memory_gb "
+                "or lower max_model_len"
             )
         # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
         self.kv_cache = torch.zeros(
-            2, c.num_layers, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device
+            2, max(slots) + 1, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device
         )
-        for i, layer in enumerate(self.model.model.layers):
-            layer.self_attn.k_cache = self.kv_cache[0, i]
-            layer.self_attn.v_cache = self.kv_cache[1, i]
+        for slot, layer in zip(slots, self.model.model.layers):
+            layer.self_attn.k_cache = self.kv_cache[0, slot]
+            layer.self_attn.v_cache = self.kv_cache[1, slot]
         # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
         # the step's hidden states, or None for a step it does not take.
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
@@ -91,7 +98,12 @@ class ModelRunner:
             if device.type != "cuda":
                 raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {device}")
             self.graphs = DecodeGraphs(
-                self.model, config.max_num_seqs, -(-max_model_len // self.block_size), max_model_len, device
+                self.model,
+                config.max_num_seqs,
+                -(-max_model_len // self.block_size),
+                max_model_len,
+                device,
+                window=self.kv_window is not None,
             )
 
     def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
@@ -120,7 +132,7 @@ class ModelRunner:
             s.token_slice(a, a + n - d) + s.spec_token_ids if d else s.token_slice(a, a + n)
             for s, a, n, d in zip(seqs, starts, batch.num_new_tokens, batch.num_draft)
         ]
-        return self.prepare_tokens(seqs, tokens, starts, batch.num_logits, batch.block_tables)
+        return self.prepare_tokens(seqs, tokens, starts, batch.num_logits, batch.block_tables, batch.window_tables)
 
     def prepare_tokens(
         self,
@@ -129,10 +141,12 @@ class ModelRunner:
         starts: list[int],
         num_logits: list[int],
         block_tables: np.ndarray,
+        window_tables: np.ndarray | None = None,
     ) -> StepInput:
         """The step input that computes `tokens[i]` of `seqs[i]` at positions from `starts[i]` on, in its
-        blocks (rows of `block_tables`), wanting logits of the last `num_logits[i]`; built with array
-        operations (one pass over the sequences, none over tokens)."""
+        blocks (rows of `block_tables`, and of `window_tables` for window layers where the model has
+        them), wanting logits of the last `num_logits[i]`; built with array operations (one pass over
+        the sequences, none over tokens)."""
         bs, num_seqs = self.block_size, len(seqs)
         query_lens_host = [len(t) for t in tokens]
         query_lens = np.array(query_lens_host, dtype=np.int64)
@@ -147,6 +161,13 @@ class ModelRunner:
         width = max(len(s.block_table) for s in seqs)
         block_tables = block_tables[rows, :width]
         slots = block_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
+        window = {}
+        if window_tables is not None:
+            window_tables = window_tables[rows, :width]
+            window_slots = window_tables[token_seq, positions // bs].astype(np.int64) * bs + positions % bs
+            window = dict(
+                window_slot_mapping=self._to_device(window_slots), window_block_tables=self._to_device(window_tables)
+            )
         # Each sequence's wanted rows are its last num_logits tokens.
         num_logits = np.array(num_logits, dtype=np.int64)
         logits_indices = np.repeat(cu_seqlens[1:] - num_logits, num_logits) + _ranks(num_logits)
@@ -160,6 +181,7 @@ class ModelRunner:
             logits_indices=self._to_device(logits_indices),
             query_lens_host=query_lens_host,
             seq_lens_host=seq_lens.tolist(),
+            **window,
         )
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -206,6 +228,10 @@ class ModelRunner:
             query_lens_host=step.query_lens_host,
             seq_lens_host=step.seq_lens_host,
         )
+        if step.window_block_tables is not None:
+            meta.window = dataclasses.replace(
+                meta, slot_mapping=step.window_slot_mapping, block_tables=step.window_block_tables
+            )
         hidden = self.graphs.run(step) if self.graphs else None
         if hidden is None and self.cpu_decoder:
             hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
@@ -222,8 +248,40 @@ def layer_linear_flops(c: ModelConfig) -> int:
     return 2 * c.num_layers * (attention + 3 * c.hidden_size * c.intermediate_size)
 
 
+def kv_window(c: ModelConfig) -> int | None:
+    """The window of the model's sliding-window layers where it also has full-attention ones (two
+    block tables per sequence), else None (one table: every layer keeps every token)."""
+    windows = {c.layer_window(i) for i in range(c.num_layers)}
+    return max(w for w in windows if w is not None) if None in windows and len(windows) > 1 else None
+
+
+def kv_layer_slots(c: ModelConfig) -> list[int]:
+    """Each layer's index in the KV cache's layer dimension: with two tables, a full layer and a
+    window layer share an index (their blocks come from different tables, so never the same block)."""
+    if kv_window(c) is None:
+        return list(range(c.num_layers))
+    seen = {True: 0, False: 0}
+    slots = []
+    for i in range(c.num_layers):
+        full = c.layer_window(i) is None
+        slots.append(seen[full])
+        seen[full] += 1
+    return slots
+
+
 def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    return 2 * c.num_layers * block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
+    layers = max(kv_layer_slots(c)) + 1
+    return 2 * layers * block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
+
+
+def blocks_for_one_sequence(c: ModelConfig, block_size: int, length: int, chunk: int) -> int:
+    """The blocks one sequence of `length` tokens holds at most: with window layers, its full table
+    and, for the window's tokens and a chunk's beyond them, its window table."""
+    blocks = -(-length // block_size)
+    window = kv_window(c)
+    if window is None:
+        return blocks
+    return blocks + min(blocks, -(-(window + chunk) // block_size) + 1)
 
 
 def _ranks(counts: np.ndarray) -> np.ndarray:

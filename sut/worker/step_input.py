@@ -18,6 +18,9 @@ class StepInput:
     logits_indices: torch.Tensor  # [num_logits] int64, the token rows whose logits are wanted
     query_lens_host: list[int]  # new tokens per sequence, as host ints (attention plans and grids)
     seq_lens_host: list[int]
+    # The sliding-window layers' slots and blocks, where the model has them beside full layers.
+    window_slot_mapping: torch.Tensor | None = None
+    window_block_tables: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -1,0 +1,87 @@
+"""The gpt-oss architecture (gpt-oss-120b, -20b): Llama's decoder layer with three changes. Attention
+has q/k/v/o biases, one learned sink logit per head (it joins the softmax's denominator only), and a
+128-token sliding window on every other layer (config.layer_types); rope is NeoX-style with YaRN.
+The MLP is a mixture of experts: a linear + bias router, softmax over its top-k logits, experts whose
+gate and up columns are interleaved and whose activation is the clamped SwiGLU
+`gate * sigmoid(alpha * gate) * (up + 1)`. Parameter names follow transformers' GptOssForCausalLM
+(experts as [experts, in, out] tensors), with q/k/v fused as in Llama. The experts run through
+`ops.fused_moe` (kernels/fused_moe.py: the PyTorch op on CPU, the Triton kernel on CUDA)."""
+
+import torch
+from torch import nn
+
+from kernels import KernelOps
+from sut.config import ModelConfig
+from sut.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
+
+
+class GptOssAttention(LlamaAttention):
+    def __init__(self, config: ModelConfig, layer: int):
+        super().__init__(config)
+        self.sinks = nn.Parameter(torch.empty(config.num_heads), requires_grad=False)
+        self.sliding_window = config.layer_window(layer)
+
+    def forward(self, x, rope, meta, ops):
+        # Where window layers have blocks of their own (sut/engine/block_manager.py), theirs.
+        if self.sliding_window is not None and meta.window is not None:
+            meta = meta.window
+        return super().forward(x, rope, meta, ops)
+
+    def attend(self, q, k, v, meta, ops):
+        return ops.paged_attention(
+            q, k, v, self.k_cache, self.v_cache, meta, self.scale, sinks=self.sinks, sliding_window=self.sliding_window
+        )
+
+
+class GptOssExperts(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        e, h, i = config.moe.num_experts, config.hidden_size, config.intermediate_size
+
+        def weight(*shape):
+            return nn.Parameter(torch.empty(*shape), requires_grad=False)
+
+        self.gate_up_proj = weight(e, h, 2 * i)  # gate and up interleaved along the last dimension
+        self.gate_up_proj_bias = weight(e, 2 * i)
+        self.down_proj = weight(e, i, h)
+        self.down_proj_bias = weight(e, h)
+        self.alpha, self.limit = config.moe.swiglu_alpha, config.moe.swiglu_limit
+
+
+class GptOssMLP(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        # A plain linear, so that the CPU backend packs it as any other.
+        self.router = nn.Linear(config.hidden_size, config.moe.num_experts, bias=True)
+        self.top_k = config.moe.experts_per_token
+        self.experts = GptOssExperts(config)
+
+    def forward(self, x, ops: KernelOps):
+        # Each token's experts and their weights: the softmax of its top-k router logits.
+        top, ids = torch.topk(self.router(x), self.top_k, dim=-1)
+        weights = top.softmax(dim=-1)
+        e = self.experts
+        return ops.fused_moe(
+            x, e.gate_up_proj, e.gate_up_proj_bias, e.down_proj, e.down_proj_bias, weights, ids, e.alpha, e.limit
+        )
+
+
+class GptOssDecoderLayer(LlamaDecoderLayer):
+    def __init__(self, config: ModelConfig, layer: int):
+        nn.Module.__init__(self)
+        self.self_attn = GptOssAttention(config, layer)
+        self.mlp = GptOssMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class GptOssModel(LlamaModel):
+    def __init__(self, config: ModelConfig):
+        nn.Module.__init__(self)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    model_class = GptOssModel
