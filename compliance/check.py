@@ -1,8 +1,10 @@
 """Our submission checker: the official v6.1 checks that apply to the LLM benchmarks (structure,
 required and allowed scenarios per system type, system fields, seeds, minimum duration and sample
 counts, accuracy-run coverage, LoadGen errors, accuracy patterns and targets, TTFT/TPOT limits,
-TEST06), plus our own: equal-issue mode, src/<benchmark>/README.md, and the latency and validity
-audit (compliance/audit.py). Every failure names the file and the rule.
+TEST06, TEST07, TEST09), plus our own: equal-issue mode, src/<benchmark>/README.md, the latency and
+validity audit (compliance/audit.py), and the compliance runs checked again from their logs (TEST06's
+responses, TEST07's samples, TEST09's mean length, the audit settings each run was made under).
+Every failure names the file and the rule.
 
     python -m compliance.check TREE [--demo]
 
@@ -22,8 +24,9 @@ from pathlib import Path
 from accuracy.accuracy_log import AccuracyLogError, read_accuracy_entries
 from accuracy.evaluate import accuracy_log_hash
 from accuracy.report import reference_targets
-from compliance import test06
+from compliance import test06, test07, test09
 from compliance.audit import audit_values
+from compliance.audit_config import run_setting_differences
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import CUT_MARK, VIEWABLE_BYTES
 from systems.benchmarks import BENCHMARKS, Benchmark
@@ -131,6 +134,13 @@ SCENARIO_FILES = [
     "accuracy/mlperf_log_detail.txt",
 ]
 TEST06_FILES = ["TEST06/verify_accuracy.txt", "TEST06/accuracy/mlperf_log_accuracy.json"]
+# TEST07 and TEST09 (gpt-oss-120b): as the official verification scripts lay them out.
+RUN_1_FILES = ["performance/run_1/mlperf_log_summary.txt", "performance/run_1/mlperf_log_detail.txt"]
+COMPLIANCE_FILES = {
+    "TEST06": TEST06_FILES,
+    "TEST07": [f"TEST07/{name}" for name in (*test07.FILES, *RUN_1_FILES)],
+    "TEST09": [f"TEST09/{name}" for name in (*test09.FILES, *RUN_1_FILES)],
+}
 TEST06_PASS_LINES = {
     "First token check pass": ("True", "Skipped"),
     "EOS check pass": ("True",),
@@ -337,9 +347,137 @@ def check_test06(scenario_dir: Path, rules: Benchmark, scenario: str, report: Re
         report.fail(log, "TEST06", failure)
 
 
+def _check_test_run(test_dir: Path, test: str, official: dict, scenario: str, report: Report) -> None:
+    """A TEST07/TEST09 run's detail log: made under the official audit settings, with the v6.1 seeds,
+    in the scenario of its folder, without a LoadGen error."""
+    log = test_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
+    values, errors = read_detail_log(log)
+    for failure in run_setting_differences(values, official):
+        report.fail(log, test, failure)
+    for key, seed in SEEDS_V61.items():
+        if values.get(key) != seed:
+            report.fail(log, "seeds", f"{key} is {values.get(key)}, not the v6.1 seed {seed}")
+    expected = "Server" if scenario == "Interactive" else scenario
+    if values.get("effective_scenario") != expected:
+        report.fail(log, "scenario", f"effective_scenario {values.get('effective_scenario')!r} is not {expected!r}")
+    for error in errors:
+        report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
+
+
+def _logged_responses(test_dir: Path, test: str, report: Report) -> test09.Responses | None:
+    """The whole accuracy log of a TEST07/TEST09 folder, each response counted as TEST09 counts;
+    None (the failure reported) when it is cut or unreadable: the checks below need every response."""
+    log = test_dir / "accuracy" / "mlperf_log_accuracy.json"
+    data = log.read_bytes()
+    head, mark, tail = data.partition(CUT_MARK)
+    if mark and len(head) == VIEWABLE_BYTES and len(tail) == VIEWABLE_BYTES:
+        report.fail(log, test, "cut to its two ends: the checks need every logged response (check before truncating)")
+        return None
+    try:
+        return test09.read_responses(log)
+    except test09.Test09Error as e:
+        report.fail(log, test, str(e))
+        return None
+
+
+def check_test07(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
+    """TEST07: verify_accuracy.txt passes at the official threshold with the score its accuracy
+    script printed, and the run logged each of the compliance set's samples under the official
+    audit settings. (The score itself needs the dataset and tokenizer: `python -m compliance.test07`
+    computes it again.)"""
+    test_dir = scenario_dir / "TEST07"
+    verify_path = test_dir / "verify_accuracy.txt"
+    text = verify_path.read_text(errors="replace")
+    output, _, summary = text.rpartition(test07.SUMMARY_TITLE)  # the script's output, then the summary
+    lines = [line.strip() for line in summary.splitlines()]
+    fields = dict(line.split(": ", 1) for line in lines if ": " in line)
+    printed = test07.score_of(output)
+    if "TEST PASS" not in lines or "TEST FAIL" in lines or fields.get("Accuracy check pass") != "True":
+        report.fail(verify_path, "TEST07", "does not say 'Accuracy check pass: True' and 'TEST PASS'")
+    if fields.get("Accuracy threshold") != str(test07.THRESHOLD):
+        report.fail(
+            verify_path,
+            "TEST07",
+            f"threshold {fields.get('Accuracy threshold')!r} is not the official {test07.THRESHOLD} "
+            "(compliance/TEST07/gpt-oss-120b/audit.config)",
+        )
+    try:
+        score = float(fields["Accuracy score"])
+    except (KeyError, ValueError):
+        report.fail(verify_path, "TEST07", "no 'Accuracy score' line")
+    else:
+        if not score >= test07.THRESHOLD:
+            report.fail(verify_path, "TEST07", f"exact_match {score} is below the threshold {test07.THRESHOLD}")
+        if printed != score:
+            report.fail(
+                verify_path,
+                "TEST07",
+                f"the accuracy script's output says 'exact_match': {printed}, the summary {score}",
+            )
+    responses = _logged_responses(test_dir, "TEST07", report)
+    if responses is not None:
+        unique = len(set(responses.qsl_idx))
+        if unique != test07.SAMPLES:
+            report.fail(
+                test_dir / "accuracy" / "mlperf_log_accuracy.json",
+                "TEST07",
+                f"logs {unique} distinct samples, not the compliance set's {test07.SAMPLES}",
+            )
+        for problem in responses.problems:
+            report.fail(test_dir / "accuracy" / "mlperf_log_accuracy.json", "TEST07", problem)
+    _check_test_run(test_dir, "TEST07", test07.OFFICIAL_SETTINGS, scenario, report)
+
+
+def check_test09(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
+    """TEST09: the mean output length counted again from the logged responses' bytes lies within
+    the official bounds, verify_output_len.txt says so with the same numbers, every sample of the
+    dataset was logged, and the run was made under the official audit settings."""
+    test_dir = scenario_dir / "TEST09"
+    verify_path = test_dir / "verify_output_len.txt"
+    lines = [line.strip() for line in verify_path.read_text(errors="replace").splitlines()]
+    if "TEST PASS" not in lines or "TEST FAIL" in lines:
+        report.fail(verify_path, "TEST09", "does not say 'TEST PASS'")
+    responses = _logged_responses(test_dir, "TEST09", report)
+    if responses is None:
+        _check_test_run(test_dir, "TEST09", test09.OFFICIAL_SETTINGS, scenario, report)
+        return
+    log = test_dir / "accuracy" / "mlperf_log_accuracy.json"
+    if not responses.lengths:
+        report.fail(log, "TEST09", "no responses were logged")
+    else:
+        low, high = test09.BOUNDS
+        expected, _ = test09.verify_text(responses.lengths, low, high)
+        mean = test09.mean_length(responses.lengths)
+        if not low <= mean <= high:
+            report.fail(
+                log,
+                "TEST09",
+                f"the mean output length, counted from the logged responses, is {mean:.2f} tokens, "
+                f"outside [{low}, {high}]",
+            )
+        if lines != [line.strip() for line in expected.splitlines()]:
+            report.fail(
+                verify_path,
+                "TEST09",
+                "is not what the logged responses give at the official bounds "
+                f"(mean {mean:.2f} over {len(responses.lengths)} responses, thresholds {low} and {high})",
+            )
+    unique = len(set(responses.qsl_idx))
+    if unique != rules.dataset_size:
+        report.fail(
+            log,
+            "TEST09",
+            f"logs {unique} distinct samples, not the dataset's {rules.dataset_size}",
+            demo_shortened=True,
+        )
+    for problem in responses.problems:
+        report.fail(log, "TEST09", problem)
+    _check_test_run(test_dir, "TEST09", test09.OFFICIAL_SETTINGS, scenario, report)
+
+
 def check_scenario(scenario_dir: Path, rules: Benchmark, targets: dict, report: Report) -> None:
     scenario = scenario_dir.name
-    required = SCENARIO_FILES + (TEST06_FILES if rules.test06 else [])
+    required = SCENARIO_FILES + [name for test in rules.compliance_tests for name in COMPLIANCE_FILES.get(test, [])]
     missing = [name for name in required if not (scenario_dir / name).is_file()]
     for name in missing:
         report.fail(scenario_dir / name, "required-file", "missing")
@@ -357,6 +495,9 @@ def check_scenario(scenario_dir: Path, rules: Benchmark, targets: dict, report: 
         check_accuracy(scenario_dir, rules, scenario, targets, report)
     if rules.test06 and not any(name.startswith("TEST06/") for name in missing):
         check_test06(scenario_dir, rules, scenario, report)
+    for test, check in (("TEST07", check_test07), ("TEST09", check_test09)):
+        if test in rules.compliance_tests and not any(name.startswith(f"{test}/") for name in missing):
+            check(scenario_dir, rules, scenario, report)
 
 
 def allowed_scenarios(rules: Benchmark, system_type: str) -> tuple[frozenset, frozenset] | None:

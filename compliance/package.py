@@ -13,6 +13,8 @@ MLPerf v6.1 submission tree (mlperf-rules.md section 5):
         accuracy/accuracy.txt (its hash= line that of the whole accuracy log), mlperf_log_accuracy.json
                  (cut as the official truncation step cuts it), mlperf_log_{summary,detail}.txt
         TEST06/verify_accuracy.txt, TEST06/accuracy/mlperf_log_accuracy.json
+        (gpt-oss-120b: TEST07/ and TEST09/ instead, each its verify file, the whole accuracy log in
+        accuracy/ and the run's summary and detail logs in performance/run_1/)
 
 Only complete runs are packaged (compliance/run_folder.py: a killed, failed or interrupted run's
 folder, or one whose files changed since, is refused by name), and accuracy.txt only with the
@@ -30,8 +32,8 @@ import sys
 from pathlib import Path
 
 from accuracy.evaluate import accuracy_log_hash
-from compliance import test06
-from compliance.loadgen_logs import SPEC_METRICS_FILE
+from compliance import test06, test07, test09
+from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE
 from compliance.run_folder import RunFolderError, check_inside, complete_run, sha256_of
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
@@ -55,8 +57,22 @@ SRC_ITEMS = (
 )
 
 
+# The runs of a benchmark's results: performance, accuracy and its compliance tests. A benchmark
+# without TEST07 or TEST09 keeps the chain's original three (TEST06 included).
+BASE_MODES = ("performance", "accuracy", "TEST06")
+RUN_LOGS = ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json")
+
+
 class PackagingError(RuntimeError):
     pass
+
+
+def run_modes(benchmark: str) -> tuple[str, ...]:
+    """The `python -m harness run --mode` values of a benchmark's runs, in the chain's order."""
+    tests = BENCHMARKS[benchmark].compliance_tests
+    if not {"TEST07", "TEST09"} & set(tests):
+        return BASE_MODES
+    return ("performance", "accuracy", *(test for test in ("TEST06", "TEST07", "TEST09") if test in tests))
 
 
 def eos_token_ids(model_dir: Path) -> set[int]:
@@ -89,6 +105,10 @@ def check_runs(benchmark: str, settings: Path, logs: Path) -> None:
         )
         if BENCHMARKS[benchmark].test06:
             complete_run(logs / "TEST06", needs=("mlperf_log_accuracy.json",))
+        if "TEST07" in BENCHMARKS[benchmark].compliance_tests:  # its run record names its dataset and model
+            complete_run(logs / "TEST07", needs=(*RUN_LOGS, RUN_RECORD))
+        if "TEST09" in BENCHMARKS[benchmark].compliance_tests:
+            complete_run(logs / "TEST09", needs=RUN_LOGS)
     except RunFolderError as e:
         raise PackagingError(str(e)) from None
     scored = accuracy_log_hash((logs / "accuracy" / "accuracy.txt").read_text())
@@ -108,7 +128,7 @@ def _copy(src: Path, dst: Path) -> None:
 
 def package_scenario(system: System, benchmark: str, scenario: str, settings: Path, logs: Path, out: Path) -> list[str]:
     """Fill `out` (results/<system>/<dir>/<Scenario>) from the scenario's measurements folder and
-    run logs; return the TEST06 failures."""
+    run logs; return the compliance tests' failures, each after its test's name."""
     _copy(settings / "measurements.json", out / "measurements.json")
     # The LoadGen settings the performance run was given (a calibrated copy where the chain
     # calibrated the load on this machine), and the README saying how they were chosen.
@@ -139,9 +159,20 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
         _copy(logs / "accuracy" / name, out / "accuracy" / name)
     _copy(logs / "accuracy" / "accuracy.txt", out / "accuracy" / "accuracy.txt")  # its hash= line (check_runs)
     truncate_accuracy_log(logs / "accuracy" / "mlperf_log_accuracy.json", out / "accuracy" / "mlperf_log_accuracy.json")
-    if not BENCHMARKS[benchmark].test06:
-        return []
-    return test06.write_result(logs / "TEST06", out, scenario, eos_token_ids(system.model_for(benchmark)))
+    tests = BENCHMARKS[benchmark].compliance_tests
+    failures = []
+    if BENCHMARKS[benchmark].test06:
+        eos = eos_token_ids(system.model_for(benchmark))
+        failures += [f"TEST06: {f}" for f in test06.write_result(logs / "TEST06", out, scenario, eos)]
+    try:
+        if "TEST07" in tests:
+            command = test07.run_accuracy_command(logs / "TEST07")
+            failures += [f"TEST07: {f}" for f in test07.write_result(logs / "TEST07", out, command)]
+        if "TEST09" in tests:
+            failures += [f"TEST09: {f}" for f in test09.write_result(logs / "TEST09", out)]
+    except (test07.Test07Error, test09.Test09Error) as e:
+        raise PackagingError(str(e)) from None
+    return failures
 
 
 def load_calibration(logs: Path) -> dict | None:
@@ -153,7 +184,7 @@ def load_calibration(logs: Path) -> dict | None:
 def benchmark_readme(benchmark: str, name: str, system: System) -> str:
     """src/<name>/README.md: which code produced results/*/<name>/ and how to run it again."""
     model = f" with {name} substituted for its model (model_mapping.json)" if name != benchmark else ""
-    modes = " | ".join(("performance", "accuracy", "TEST06"))
+    modes = " | ".join(run_modes(benchmark))
     return (
         f"# {name}\n\nMLPerf benchmark `{benchmark}`{model}. The code is this src/ folder, shared by every "
         f"benchmark (harness/ drives LoadGen, sut/ is the engine, accuracy/ and compliance/ score and check "
@@ -185,9 +216,9 @@ def package(
     system_name: str, out: Path, benchmarks: list[str] | None = None, root: Path = REPO
 ) -> tuple[Path, list[str]]:
     """Build the tree under `out` from `root`'s systems/, measurements/ and build/logs/ (`root` is
-    the repository except in tests); return (the submitter folder, TEST06 failures). Packaging adds
-    to a tree: another system's or benchmark's results and model_mapping.json entries stay; only the
-    packaged benchmarks' results folders are replaced."""
+    the repository except in tests); return (the submitter folder, the compliance tests' failures).
+    Packaging adds to a tree: another system's or benchmark's results and model_mapping.json entries
+    stay; only the packaged benchmarks' results folders are replaced."""
     system = System.load(system_name, root)
     description = json.loads((root / "systems" / f"{system_name}.json").read_text())
     description.pop("saaf_harness")  # our harness settings, not part of the MLPerf description
@@ -264,9 +295,7 @@ def package(
                 f.write(f"\n{name} {calibration['summary']}\n")  # "<Scenario>: left out: why"
             continue
         settings = root / "measurements" / system.name / benchmark / scenario
-        failures += [
-            f"{results}: TEST06: {f}" for f in package_scenario(system, benchmark, scenario, settings, logs, results)
-        ]
+        failures += [f"{results}: {f}" for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
     return org, failures
 
 

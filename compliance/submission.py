@@ -1,6 +1,7 @@
 """The whole submission chain for one system (what `make submission` runs): for each benchmark and
-scenario, the performance, accuracy and TEST06 runs through `python -m harness run`; then the
-tree (compliance/package.py) and our checker (compliance/check.py) over it.
+scenario, the performance, accuracy and compliance runs (TEST06; TEST07 and TEST09 for gpt-oss-120b:
+compliance.package.run_modes) through `python -m harness run`; then the tree
+(compliance/package.py) and our checker (compliance/check.py) over it.
 
 A latency scenario (Server, Interactive) is first calibrated on this machine (harness.calibrate: its
 capacity at the latency limits, found by LoadGen runs): its runs take a share of the capacity
@@ -31,12 +32,12 @@ from accuracy.dataset import DatasetError, load_dataset
 from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
-from compliance.package import PackagingError, load_calibration, package
+from compliance.package import BASE_MODES, PackagingError, load_calibration, package, run_modes
 from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
 from systems.benchmarks import BENCHMARKS, with_conf_value
 from systems.schema import REPO, System, SystemConfigError
 
-MODES = ("performance", "accuracy", "TEST06")
+MODES = BASE_MODES  # a benchmark's own: run_modes(benchmark)
 LATENCY_SCENARIOS = ("Server", "Interactive")
 DEMO_BUDGET_MIN = 30
 TEST06_QUERIES = 100  # compliance/TEST06.audit.config
@@ -343,7 +344,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
                 user_conf = calibrate(system, benchmark, scenario, root, logs, start)
                 if user_conf is None:
                     continue
-            for mode in MODES:
+            for mode in run_modes(benchmark):
                 print(
                     f"submission: {system_name} {benchmark} {scenario} {mode} ({_elapsed(system, start)})",
                     flush=True,
