@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 from kernels.activation import silu_and_mul_reference
 from kernels.attention import AttentionMetadata, paged_attention, paged_attention_triton
-from kernels.fused_moe import fused_moe_reference, fused_moe_triton
+from kernels.fused_moe import (
+    fused_moe_mxfp4_reference,
+    fused_moe_mxfp4_triton,
+    fused_moe_reference,
+    fused_moe_triton,
+)
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 from kernels.rms_norm import add_rms_norm_reference, add_rms_norm_triton, rms_norm_reference, rms_norm_triton
@@ -38,6 +43,9 @@ class KernelOps:
     rejection_sample: Callable = rejection_sample_reference  # the verifier of speculative decoding (see its module)
     # (x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, alpha, limit) -> out: gpt-oss's experts
     fused_moe: Callable = fused_moe_reference
+    # (x, gate_up_blocks, gate_up_scales, b_gate_up, down_blocks, down_scales, b_down, topk_weights,
+    # topk_ids, alpha, limit) -> out: the same from MXFP4 expert weights
+    fused_moe_mxfp4: Callable = fused_moe_mxfp4_reference
 
 
 TORCH_OPS = KernelOps(
@@ -60,6 +68,7 @@ TRITON_OPS = KernelOps(
     silu_and_mul_reference,
     rejection_sample_triton,
     fused_moe_triton,
+    fused_moe_mxfp4_triton,
 )
 
 KERNEL_SETTINGS = ("auto", "triton", "torch")

@@ -160,6 +160,30 @@ def test_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     assert generate(tmp_path / "mxfp4", prompts, num_kv_blocks=64)[1] == want
 
 
+@pytest.mark.parametrize("kernels", ["torch", "triton"])
+def test_experts_kept_in_mxfp4_match_transformers(tmp_path, monkeypatch, kernels):
+    """As CUDA runs gpt-oss: the experts held as the checkpoint's MXFP4 bytes and decoded by the MoE
+    op (the PyTorch one, or the Triton kernel in the interpreter), not dequantized at load."""
+    from functools import partial
+
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    import sut.worker.model_runner
+
+    model = tiny_gpt_oss(tmp_path / "dense", seed=5)
+    packed = mxfp4_checkpoint(tmp_path / "dense", tmp_path / "mxfp4")
+    with torch.no_grad():
+        for name, (blocks, scales) in packed.items():
+            model.get_parameter(name).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    prompts = random_prompts([9, 30], seed=4)
+    want = [hf_greedy(model, p, 8) for p in prompts]
+    monkeypatch.setattr(sut.worker.model_runner, "load_model", partial(load_model, keep_mxfp4=True))
+    llm = LLM(tmp_path / "mxfp4", num_kv_blocks=64, kernels=kernels)
+    experts = llm.engine.runner.model.model.layers[0].mlp.experts
+    assert experts.mxfp4 and experts.gate_up_proj_blocks.dtype == torch.uint8
+    assert [o.token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=8))] == want
+
+
 def test_mxfp4_checkpoint_errors_name_the_tensor(tmp_path):
     tiny_gpt_oss(tmp_path / "dense", seed=6)
     mxfp4_checkpoint(tmp_path / "dense", tmp_path / "mxfp4")

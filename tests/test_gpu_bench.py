@@ -53,6 +53,27 @@ def test_step_bench_runs_decode_and_mixed_steps(monkeypatch):
     assert bench.block_manager.num_free_blocks == bench.block_manager.num_blocks  # each step's sequences freed
 
 
+def test_step_bench_runs_gpt_oss_with_window_tables_and_mxfp4_experts():
+    """gpu_check's gpt-oss steps on a tiny shape: random MXFP4 experts, sinks, window tables."""
+    from sut.bench.gpu_steps import GPT_OSS_120B
+
+    tiny = {
+        **GPT_OSS_120B,
+        **dict(vocab_size=256, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4),
+        **dict(num_key_value_heads=2, head_dim=16, sliding_window=8, num_local_experts=8, dtype="float32"),
+    }
+    bench = StepBench(tiny, "cpu", max_num_seqs=4, max_model_len=64, max_tokens=4 * 20 + 2 * 16)
+    experts = bench.runner.model.model.layers[0].mlp.experts
+    assert experts.mxfp4 and bench.runner.kv_window == 8
+    decode = bench.measure(3, 20, repeats=2)
+    mixed = bench.measure(2, 20, prefill=16, repeats=2)
+    kv_per_token = 2 * 1 * 2 * 16 * 4  # K and V of one layer of each kind, 2 KV heads, head_dim 16, fp32
+    touched = 1 - (1 - 4 / 8) ** 3  # the expected share of gpt-oss's top-4 of the tiny 8 experts 3 tokens pick
+    assert decode["bytes_read"] == int(bench.weight_bytes + bench.expert_bytes * touched) + 3 * (20 + 8) * kv_per_token
+    assert mixed["tokens_per_s"] > 0
+    assert bench.block_manager.num_free_blocks == bench.block_manager.num_blocks
+
+
 REQUIREMENTS_BEYOND_GPU_CHECK = (
     "mlperf_loadgen",
     "transformers",

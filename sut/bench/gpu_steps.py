@@ -46,6 +46,35 @@ LLAMA_31_8B = dict(
     ),
 )
 
+# gpt-oss-120b's shape (its config.json): MXFP4 experts, sinks, a 128-token window on even layers.
+GPT_OSS_120B = dict(
+    architectures=["GptOssForCausalLM"],
+    vocab_size=201088,
+    hidden_size=2880,
+    intermediate_size=2880,
+    num_hidden_layers=36,
+    num_attention_heads=64,
+    num_key_value_heads=8,
+    head_dim=64,
+    attention_bias=True,
+    rms_norm_eps=1e-5,
+    rope_theta=150000.0,
+    max_position_embeddings=131072,
+    dtype="bfloat16",
+    sliding_window=128,
+    num_local_experts=128,
+    num_experts_per_tok=4,
+    rope_scaling=dict(
+        rope_type="yarn",
+        factor=32.0,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        truncate=False,
+        original_max_position_embeddings=4096,
+    ),
+    quantization_config={"quant_method": "mxfp4"},
+)
+
 
 class StepBench:
     """A random model on `device` with a KV pool for `max_tokens` tokens, and steps over made-up
@@ -66,6 +95,8 @@ class StepBench:
         mc, dtype = self.model_config, self.model_config.dtype
         self.device = torch.device(device)
         num_blocks = -(-max_tokens // block_size) + max_num_seqs
+        if any(mc.layer_window(i) for i in range(mc.num_layers)):  # window layers' own tables, at most as many
+            num_blocks *= 2
         self.config = EngineConfig.from_kwargs(
             max_num_seqs=max_num_seqs,
             block_size=block_size,
@@ -76,12 +107,13 @@ class StepBench:
         )
         model = random_model(mc, dtype, self.device)
         self.runner = ModelRunner(None, mc, self.config, max_model_len, dtype, self.device, num_blocks, model=model)
-        self.block_manager = BlockManager(num_blocks, block_size)
+        self.block_manager = BlockManager(num_blocks, block_size, sliding_window=self.runner.kv_window)
+        named = [(n, p.numel() * p.element_size()) for n, p in model.named_parameters()]
+        # A step reads embedding rows only, and of a mixture of experts the experts its tokens pick.
+        self.expert_bytes = sum(b for n, b in named if ".experts." in n)
         self.weight_bytes = sum(
-            p.numel() * p.element_size()
-            for n, p in model.named_parameters()
-            if "embed_tokens" not in n or mc.tie_word_embeddings
-        )  # a step reads embedding rows only
+            b for n, b in named if ("embed_tokens" not in n or mc.tie_word_embeddings) and ".experts." not in n
+        )
         self.kv_bytes_per_token = kv_bytes_per_block(mc, block_size, dtype) // block_size
         self._next = 0
 
@@ -103,7 +135,7 @@ class StepBench:
             tokens.append(list(chunk.token_ids[prefill:]))
             starts.append(prefill)
             logits.append(1)
-        tables = self.block_manager.block_tables
+        tables, window_tables = self.block_manager.block_tables, self.block_manager.window_tables
         cuda = self.device.type == "cuda"
         gpu, host = [], []
         try:
@@ -112,7 +144,7 @@ class StepBench:
                     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     begin.record()
                 t0 = time.perf_counter()
-                step = self.runner.prepare_tokens(seqs, tokens, starts, logits, tables)
+                step = self.runner.prepare_tokens(seqs, tokens, starts, logits, tables, window_tables)
                 self.runner.execute(step)
                 t1 = time.perf_counter()
                 if cuda:
@@ -125,7 +157,8 @@ class StepBench:
             for seq in seqs:
                 self.block_manager.free(seq)
         gpu_ms = statistics.median(gpu)
-        kv_bytes = (num_decodes * context + (2 * prefill if prefill else 0)) * self.kv_bytes_per_token
+        kv_bytes = num_decodes * self.kv_read(context) + (self.kv_read(2 * prefill) if prefill else 0)
+        weight_bytes = self.weight_bytes + int(self.expert_bytes * self.experts_touched(num_decodes + prefill))
         return dict(
             decodes=num_decodes,
             context=context,
@@ -133,10 +166,24 @@ class StepBench:
             gpu_ms=gpu_ms,
             host_ms=statistics.median(host),
             tokens_per_s=(num_decodes + prefill) / gpu_ms * 1e3,
-            bytes_read=self.weight_bytes + kv_bytes,
-            gbps=(self.weight_bytes + kv_bytes) / gpu_ms / 1e6,
+            bytes_read=weight_bytes + kv_bytes,
+            gbps=(weight_bytes + kv_bytes) / gpu_ms / 1e6,
             cuda_graphs=self.runner.graphs is not None,
         )
+
+    def kv_read(self, context: int) -> int:
+        """The K/V bytes one sequence's attention reads at `context` tokens: every layer's, or with
+        window layers beside full ones, the full layers' whole context and the window layers' window."""
+        window = self.runner.kv_window
+        return self.kv_bytes_per_token * (context + (min(context, window) if window else 0))
+
+    def experts_touched(self, num_tokens: int) -> float:
+        """The expected share of the experts that `num_tokens` tokens routed uniformly at random pick
+        (each its top-k of E): 1 - (1 - k/E)^tokens. 1 for a dense model (no expert bytes anyway)."""
+        moe = self.model_config.moe
+        if moe is None:
+            return 1.0
+        return 1 - (1 - moe.experts_per_token / moe.num_experts) ** num_tokens
 
 
 def tensor_parallel_check(

@@ -5,7 +5,8 @@ The MLP is a mixture of experts: a linear + bias router, softmax over its top-k 
 gate and up columns are interleaved and whose activation is the clamped SwiGLU
 `gate * sigmoid(alpha * gate) * (up + 1)`. Parameter names follow transformers' GptOssForCausalLM
 (experts as [experts, in, out] tensors), with q/k/v fused as in Llama. The experts run through
-`ops.fused_moe` (kernels/fused_moe.py: the PyTorch op on CPU, the Triton kernel on CUDA)."""
+`ops.fused_moe` (kernels/fused_moe.py: the PyTorch op on CPU, the Triton kernel on CUDA), or from
+the checkpoint's MXFP4 weights through `ops.fused_moe_mxfp4`, which is how CUDA holds them."""
 
 import torch
 from torch import nn
@@ -34,18 +35,51 @@ class GptOssAttention(LlamaAttention):
 
 
 class GptOssExperts(nn.Module):
-    def __init__(self, config: ModelConfig):
+    """The experts' weights: dense `[experts, in, out]` (transformers' layout), or with `mxfp4` as the
+    checkpoint stores them, `_blocks [experts, out, in / 32, 16]` and `_scales [experts, out, in / 32]`
+    (uint8; kernels/mxfp4.py), which the fused MoE kernel decodes as it goes: 4.25 bits a weight, so
+    gpt-oss-120b's experts take about 61 GB instead of 230 in bf16."""
+
+    def __init__(self, config: ModelConfig, mxfp4: bool = False):
         super().__init__()
         e, h, i = config.moe.num_experts, config.hidden_size, config.intermediate_size
+        self.mxfp4 = mxfp4
 
-        def weight(*shape):
-            return nn.Parameter(torch.empty(*shape), requires_grad=False)
+        def weight(*shape, dtype=None):
+            return nn.Parameter(torch.empty(*shape, dtype=dtype), requires_grad=False)
 
-        self.gate_up_proj = weight(e, h, 2 * i)  # gate and up interleaved along the last dimension
+        if mxfp4:
+            self.gate_up_proj_blocks = weight(e, 2 * i, h // 32, 16, dtype=torch.uint8)
+            self.gate_up_proj_scales = weight(e, 2 * i, h // 32, dtype=torch.uint8)
+            self.down_proj_blocks = weight(e, h, i // 32, 16, dtype=torch.uint8)
+            self.down_proj_scales = weight(e, h, i // 32, dtype=torch.uint8)
+        else:
+            self.gate_up_proj = weight(e, h, 2 * i)  # gate and up interleaved along the last dimension
+            self.down_proj = weight(e, i, h)
         self.gate_up_proj_bias = weight(e, 2 * i)
-        self.down_proj = weight(e, i, h)
         self.down_proj_bias = weight(e, h)
         self.alpha, self.limit = config.moe.swiglu_alpha, config.moe.swiglu_limit
+        self.weight_share_per_token = config.moe.experts_per_token / e  # of the experts' weights one token reads
+
+    def forward(self, x, weights, ids, ops: KernelOps):
+        if self.mxfp4:
+            return ops.fused_moe_mxfp4(
+                x,
+                self.gate_up_proj_blocks,
+                self.gate_up_proj_scales,
+                self.gate_up_proj_bias,
+                self.down_proj_blocks,
+                self.down_proj_scales,
+                self.down_proj_bias,
+                weights,
+                ids,
+                self.alpha,
+                self.limit,
+            )
+        return ops.fused_moe(
+            x, self.gate_up_proj, self.gate_up_proj_bias, self.down_proj, self.down_proj_bias, weights, ids,
+            self.alpha, self.limit,
+        )  # fmt: skip
 
 
 class GptOssMLP(nn.Module):
@@ -59,11 +93,7 @@ class GptOssMLP(nn.Module):
     def forward(self, x, ops: KernelOps):
         # Each token's experts and their weights: the softmax of its top-k router logits.
         top, ids = torch.topk(self.router(x), self.top_k, dim=-1)
-        weights = top.softmax(dim=-1)
-        e = self.experts
-        return ops.fused_moe(
-            x, e.gate_up_proj, e.gate_up_proj_bias, e.down_proj, e.down_proj_bias, weights, ids, e.alpha, e.limit
-        )
+        return self.experts(x, top.softmax(dim=-1), ids, ops)
 
 
 class GptOssDecoderLayer(LlamaDecoderLayer):
@@ -85,3 +115,9 @@ class GptOssModel(LlamaModel):
 
 class GptOssForCausalLM(LlamaForCausalLM):
     model_class = GptOssModel
+
+    def keep_experts_mxfp4(self) -> None:
+        """Before loading (on the meta device): hold the experts as the MXFP4 checkpoint stores them,
+        for a backend whose MoE kernel decodes them (CUDA), instead of dequantizing them at load."""
+        for layer in self.model.layers:
+            layer.mlp.experts = GptOssExperts(self.config, mxfp4=True)

@@ -22,6 +22,7 @@ from sut.parallel import Shard, local_config, read_shard, slice_for
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)  # buffers some old checkpoints carry
 # gpt-oss's experts, stored as MXFP4 (`<name>_blocks`, `<name>_scales`) in its checkpoints.
 MXFP4_WEIGHTS = ("mlp.experts.gate_up_proj", "mlp.experts.down_proj")
+MXFP4_PARTS = tuple(f"{w}_{part}" for w in MXFP4_WEIGHTS for part in ("blocks", "scales"))
 
 
 def weight_files(folder: Path) -> list[Path]:
@@ -87,10 +88,16 @@ def checkpoint_layout(model: nn.Module) -> dict[str, tuple[str, int, torch.Size]
 
 
 def load_model(
-    folder: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard | None = None
+    folder: str | Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard | None = None,
+    keep_mxfp4: bool | None = None,
 ) -> nn.Module:
     """`shard`: a tensor-parallel rank's part (sut/parallel/), of which alone it reads the
-    checkpoint's slices."""
+    checkpoint's slices. `keep_mxfp4`: hold an MXFP4 checkpoint's experts as they are stored (by
+    default on CUDA, whose MoE kernel decodes them) rather than dequantized to `dtype`."""
     from safetensors import SafetensorError, safe_open
 
     folder = Path(folder)
@@ -98,10 +105,16 @@ def load_model(
         config = local_config(config, shard.size)
     with torch.device("meta"):
         model = model_class(config)(config)
+    if keep_mxfp4 is None:
+        keep_mxfp4 = device.type == "cuda"
+    mxfp4 = config.quantization == "mxfp4"
+    if mxfp4 and keep_mxfp4:
+        with torch.device("meta"):
+            model.keep_experts_mxfp4()
     expected = checkpoint_layout(model)
     if config.tie_word_embeddings:
         del expected["lm_head.weight"]
-    quantized = _mxfp4_layout(expected, folder) if config.quantization == "mxfp4" else {}
+    quantized = _mxfp4_layout(expected, folder) if mxfp4 and not keep_mxfp4 else {}
     loaded: set[str] = set()
     names_in = tensor_names(folder, weight_files(folder))
     for file, names in names_in.items():
@@ -124,6 +137,10 @@ def load_model(
                     )
                 if param_name in quantized:
                     _put_mxfp4(model, param_name, quantized[param_name], file, name, tensor, device, dtype)
+                elif name.endswith(MXFP4_PARTS):
+                    if tensor.dtype != torch.uint8:
+                        raise CheckpointError(f"{file}: MXFP4 tensor {name!r} has dtype {tensor.dtype}, not uint8")
+                    _put(model, param_name, row, tensor, device, torch.uint8)
                 elif not tensor.is_floating_point():
                     raise CheckpointError(f"{file}: tensor {name!r} has dtype {tensor.dtype}, not a floating-point one")
                 elif not tensor.isfinite().all():  # every output would be garbage
@@ -186,16 +203,26 @@ def random_model(
     """A model of `config`'s shape with random weights (N(0, 0.02), norms 1) and no checkpoint, for
     benchmarks and checks: each checkpoint tensor drawn whole on `device` from a generator seeded by
     `seed` and its place in the checkpoint's order, so a tensor-parallel rank (`shard`) holds exactly
-    its slices of the model one process gets."""
+    its slices of the model one process gets. An MXFP4 model's experts are random MXFP4 bytes."""
     with torch.device("meta"):
-        whole = checkpoint_layout(model_class(config)(config))
+        whole = model_class(config)(config)
         model = model_class(config)(local_config(config, shard.size) if shard is not None else config)
+        if config.quantization == "mxfp4":
+            whole.keep_experts_mxfp4()
+            model.keep_experts_mxfp4()
+        whole = checkpoint_layout(whole)
     expected = checkpoint_layout(model)
     names = [n for n in sorted(whole) if not (config.tie_word_embeddings and n == "lm_head.weight")]
     for i, name in enumerate(names):
         shape = whole[name][2]
         if name.endswith("norm.weight"):
             tensor = torch.ones(shape, device=device)
+        elif name.endswith(MXFP4_PARTS):  # random e2m1 bytes; scales 2^-8 .. 2^-5, as trained weights' are
+            generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
+            low, high = (0, 256) if name.endswith("blocks") else (119, 123)
+            tensor = torch.randint(low, high, shape, generator=generator, device=device, dtype=torch.uint8)
+            _put(model, expected[name][0], 0, tensor, device, torch.uint8)
+            continue
         else:
             generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
             tensor = torch.randn(shape, generator=generator, device=device) * 0.02
@@ -265,6 +292,10 @@ def forward_weight_bytes(model: nn.Module) -> int:
     hides its size)."""
     total, kept_dense = 0, set()
     for module in model.modules():  # a parent before its children
+        share = getattr(module, "weight_share_per_token", None)
+        if share is not None:  # a mixture of experts: one token reads its top-k experts' weights
+            total += int(share * sum(p.numel() * p.element_size() for p in module.parameters()))
+            continue
         blocks = getattr(module, "blocks", None)
         if blocks is not None:
             total += blocks.nbytes

@@ -243,9 +243,13 @@ class ModelRunner:
 
 
 def layer_linear_flops(c: ModelConfig) -> int:
-    """Multiply-adds x 2 per token in the decoder layers' linears: q, k, v, o and gate, up, down."""
+    """Multiply-adds x 2 per token in the decoder layers' linears: q, k, v, o and gate, up, down (of
+    each of a token's experts, and the router, in a mixture of experts)."""
     attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-    return 2 * c.num_layers * (attention + 3 * c.hidden_size * c.intermediate_size)
+    mlp = 3 * c.hidden_size * c.intermediate_size
+    if c.moe is not None:
+        mlp = c.moe.experts_per_token * mlp + c.hidden_size * c.moe.num_experts
+    return 2 * c.num_layers * (attention + mlp)
 
 
 def kv_window(c: ModelConfig) -> int | None:
