@@ -149,6 +149,7 @@ def test_the_results_page_has_each_half_it_was_given():
     assert "| decode attention | 1 | 0 | 1.00e-03 |" in page and "| 32 | 2048 | 0.100 | 3600 | 90% |" in page
     assert "Engine steps" not in page and "Tensor parallel" not in page
     step = dict(
+        model="llama3.1-8b",
         decodes=1,
         context=1024,
         prefill=0,
@@ -162,7 +163,7 @@ def test_the_results_page_has_each_half_it_was_given():
     )
     page = markdown({**kernels_only, "tensor_parallel": dict(skipped="1 GPU"), "engine": [step]})
     assert "Tensor parallel (TP=2 against one process" in page and "not run: 1 GPU" in page
-    assert "| 1 decodes x 1024 | CUDA graphs | 10.000 | 0.500 | 5% | 100 | 3500 | 88% |" in page
+    assert "| llama3.1-8b | 1 decodes x 1024 | CUDA graphs | 10.000 | 0.500 | 5% | 100 | 3500 | 88% |" in page
     assert (
         "8B decode step at batch 1 >= 85% of the weight-plus-KV roofline (best of eager and graphs): met in 1 of 1"
         in page

@@ -18,71 +18,39 @@ import torch
 from kernels import gpu_check
 from sut.bench.gpu_steps import GPT_OSS_120B, LLAMA_31_8B, StepBench, tensor_parallel_check
 
-# The engine's steps on Llama-3.1-8B's shape (sut/bench/gpu_steps.py): decodes over ~1k-token contexts,
-# and one mixed step of a 2048-token prefill chunk beside 256 decodes.
-ENGINE_BATCHES = [1, 32, 128, 256]
+# The engine's steps (sut/bench/gpu_steps.py), decodes over ~1k-token contexts and one mixed step of a
+# prefill chunk beside decodes, per model: (its shape, what it is, decode batches, (decodes, chunk) mixed).
 ENGINE_CONTEXT = 1024
-ENGINE_MIXED = (256, 2048)
-GPT_OSS_BATCHES = [1, 64, 256]
+ENGINE_MODELS = {
+    "llama3.1-8b": (LLAMA_31_8B, "random bf16 weights", [1, 32, 128, 256], (256, 2048)),
+    "gpt-oss-120b": (GPT_OSS_120B, "random MXFP4 experts, about 61 GB", [1, 64, 256], (64, 2048)),
+}
 
 
-def bench_engine(device, peak_gbps) -> list[dict]:
+def bench_engine(device, peak_gbps, model: str) -> list[dict]:
     """Each step eager and from CUDA graphs (the mixed step runs eagerly either way)."""
-    decodes, prefill = ENGINE_MIXED
-    max_tokens = max(ENGINE_BATCHES) * ENGINE_CONTEXT + 2 * prefill
-    print("  engine steps: a Llama-3.1-8B-shaped model with random bf16 weights, capturing CUDA graphs", flush=True)
+    raw, what, batches, (decodes, prefill) = ENGINE_MODELS[model]
+    print(f"  engine steps: a {model}-shaped model with {what}, capturing CUDA graphs", flush=True)
     bench = StepBench(
-        LLAMA_31_8B,
+        raw,
         device,
-        max_num_seqs=max(ENGINE_BATCHES),
+        max_num_seqs=max(batches),
         max_model_len=2 * prefill,
-        max_tokens=max_tokens,
+        max_tokens=max(batches) * ENGINE_CONTEXT + 2 * prefill,
         cuda_graphs=True,
     )
     graphs = bench.runner.graphs
     rows = []
     for mode in ("eager", "CUDA graphs"):
         bench.runner.graphs = graphs if mode == "CUDA graphs" else None
-        for batch in ENGINE_BATCHES:
-            print(f"  engine decode step, batch {batch}, {mode}", flush=True)
+        for batch in batches:
+            print(f"  {model} decode step, batch {batch}, {mode}", flush=True)
             rows.append(bench.measure(batch, ENGINE_CONTEXT))
         if mode == "eager":
-            print(f"  engine mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
+            print(f"  {model} mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
             rows.append(bench.measure(decodes, ENGINE_CONTEXT, prefill=prefill))
     for row in rows:
-        row["weight_bytes"] = bench.weight_bytes
-        row["peak_ratio"] = row["gbps"] / peak_gbps if peak_gbps else None
-        row["host_share"] = row["host_ms"] / row["gpu_ms"]
-    del bench, graphs
-    torch.cuda.empty_cache()
-    return rows
-
-
-def bench_engine_gpt_oss(device, peak_gbps) -> list[dict]:
-    """gpt-oss-120b's shape with random MXFP4 experts (about 61 GB): decode steps eager and from CUDA
-    graphs over ~1k-token contexts, and a mixed step (sinks, window tables, the MXFP4 MoE kernel)."""
-    decodes, prefill = 64, 2048
-    print("  engine steps: a gpt-oss-120b-shaped model with random MXFP4 experts, capturing CUDA graphs", flush=True)
-    bench = StepBench(
-        GPT_OSS_120B,
-        device,
-        max_num_seqs=max(GPT_OSS_BATCHES),
-        max_model_len=2 * prefill,
-        max_tokens=max(GPT_OSS_BATCHES) * ENGINE_CONTEXT + 2 * prefill,
-        cuda_graphs=True,
-    )
-    graphs = bench.runner.graphs
-    rows = []
-    for mode in ("eager", "CUDA graphs"):
-        bench.runner.graphs = graphs if mode == "CUDA graphs" else None
-        for batch in GPT_OSS_BATCHES:
-            print(f"  gpt-oss decode step, batch {batch}, {mode}", flush=True)
-            rows.append(bench.measure(batch, ENGINE_CONTEXT))
-        if mode == "eager":
-            print(f"  gpt-oss mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
-            rows.append(bench.measure(decodes, ENGINE_CONTEXT, prefill=prefill))
-    for row in rows:
-        row["model"] = "gpt-oss-120b"
+        row["model"] = model
         row["weight_bytes"] = bench.weight_bytes + bench.expert_bytes
         row["peak_ratio"] = row["gbps"] / peak_gbps if peak_gbps else None
         row["host_share"] = row["host_ms"] / row["gpu_ms"]
@@ -117,16 +85,12 @@ def add_engine_results(results: dict, device, skip_bench: bool) -> None:
     results["tensor_parallel"] = check_tensor_parallel()
     results["engine"] = []
     if not skip_bench:
-        try:
-            results["engine"] = bench_engine(device, results["measured_gbps"])
-        except Exception as e:  # noqa: BLE001 - the kernels' results still get written
-            results["engine_error"] = f"{type(e).__name__}: {e}"
-            print(f"  engine steps FAILED: {results['engine_error']}", flush=True)
-        try:
-            results["engine"] += bench_engine_gpt_oss(device, results["measured_gbps"])
-        except Exception as e:  # noqa: BLE001
-            results["engine_gpt_oss_error"] = f"{type(e).__name__}: {e}"
-            print(f"  gpt-oss engine steps FAILED: {results['engine_gpt_oss_error']}", flush=True)
+        for model in ENGINE_MODELS:
+            try:
+                results["engine"] += bench_engine(device, results["measured_gbps"], model)
+            except Exception as e:  # noqa: BLE001 - the kernels' results still get written
+                results.setdefault("engine_error", []).append(f"{model}: {type(e).__name__}: {e}")
+                print(f"  {model} engine steps FAILED: {results['engine_error'][-1]}", flush=True)
 
 
 def main(argv=None) -> int:
