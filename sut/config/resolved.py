@@ -12,12 +12,30 @@ from sut.config.model import ModelConfig
 
 
 @dataclass(frozen=True)
+class Eagle3Head:
+    """What an EAGLE3 head folder holds, checked against its target (sut/spec_decode/eagle3.py says
+    what each part does)."""
+
+    layer: ModelConfig  # its one decoder layer's shape (num_layers 1) and rope, as a Llama config
+    aux_layer_ids: tuple[int, ...]  # the target's layer boundaries whose hidden states it reads
+    target_hidden_size: int
+    draft_vocab_size: int
+    norm_before_residual: bool
+    norm_before_fc: bool  # an RMSNorm (input_norm) on the joined hidden states before fc
+    norm_output: bool  # feeds its normed output back (EAGLE 3.1) rather than the one before the norm
+    layer_prefix: str  # "midlayer." or "layers.0." in its checkpoint
+    own_embedding: bool  # embed_tokens of its own, else the target's
+    has_d2t: bool  # a draft-to-target id map (a draft vocabulary smaller than the target's, or reordered)
+
+
+@dataclass(frozen=True)
 class DraftModel:
-    """A draft model for speculative decoding, checked against the target."""
+    """A draft model or EAGLE3 head for speculative decoding, checked against the target."""
 
     folder: Path
-    config: ModelConfig
+    config: ModelConfig  # a head's: its decoder layer's (the KV pool's sizing counts its one layer)
     weight_bytes: int  # its safetensors files' size, which the KV pool's sizing leaves room for
+    eagle3: Eagle3Head | None = None  # method eagle3: the head's layout
 
 
 @dataclass(frozen=True)

@@ -1,17 +1,18 @@
 """The engine setting `speculative_config`, spelled as vLLM spells it:
-`{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}` or
-`{"method": "draft_model", "model": FOLDER, "num_speculative_tokens": k}`, plus our
+`{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}`,
+`{"method": "draft_model", "model": FOLDER, "num_speculative_tokens": k}` or
+`{"method": "eagle3", "model": HEAD_FOLDER, "num_speculative_tokens": k}`, plus our
 `"adaptive": true` (lower k for a sequence whose recent drafts were rejected).
 
-Checked here without reading any file; sut/spec_decode/draft_model.py checks the draft folder against the
-target's before either model loads."""
+Checked here without reading any file; sut/spec_decode/draft_model.py checks a draft folder, and
+sut/spec_decode/eagle3.py an EAGLE3 head folder, against the target's before any model loads."""
 
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sut.errors import ConfigError
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "draft_model", "eagle3")
 MAX_SPECULATIVE_TOKENS = 32  # drafts per sequence and step at most (vLLM's MAX_SPEC_LEN)
 
 
@@ -21,7 +22,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 1  # ngram: the shortest suffix matched
     prompt_lookup_max: int = 3  # ngram: the longest, tried first
-    model: str | None = None  # draft_model: its folder
+    model: str | None = None  # draft_model: its folder; eagle3: the head's
     adaptive: bool = False
 
     @staticmethod
@@ -61,7 +62,9 @@ class SpeculativeConfig:
             )
         if method == "ngram":
             if "model" in value:
-                raise ConfigError("engine setting speculative_config.model is for method 'draft_model', not 'ngram'")
+                raise ConfigError(
+                    "engine setting speculative_config.model is for methods 'draft_model' and 'eagle3', not 'ngram'"
+                )
             config = SpeculativeConfig(**value)
             if config.prompt_lookup_min > config.prompt_lookup_max:
                 raise ConfigError(
@@ -69,14 +72,15 @@ class SpeculativeConfig:
                     f"is above prompt_lookup_max={config.prompt_lookup_max}"
                 )
             return config
+        what = "the draft model's folder" if method == "draft_model" else "the EAGLE3 head's folder"
         if not isinstance(value.get("model"), str) or not value["model"]:
             raise ConfigError(
-                "engine setting speculative_config.model must be a non-empty string (the draft model's "
-                f"folder) for method 'draft_model', got {value.get('model')!r}"
+                f"engine setting speculative_config.model must be a non-empty string ({what}) for method "
+                f"{method!r}, got {value.get('model')!r}"
             )
         extra = sorted({"prompt_lookup_min", "prompt_lookup_max"} & set(value))
         if extra:
-            raise ConfigError(f"engine setting speculative_config.{extra[0]} is for method 'ngram', not 'draft_model'")
+            raise ConfigError(f"engine setting speculative_config.{extra[0]} is for method 'ngram', not {method!r}")
         return SpeculativeConfig(**value)
 
     def check_fits(self, max_model_len: int, max_num_batched_tokens: int) -> None:
@@ -100,4 +104,6 @@ class SpeculativeConfig:
         if self.method == "ngram":
             match = f"{self.prompt_lookup_max}..{self.prompt_lookup_min}"
             return f"n-gram prompt lookup (k={k}, match {match} tokens{adaptive})"
+        if self.method == "eagle3":
+            return f"EAGLE3 head {Path(self.model).name} (k={k}{adaptive})"
         return f"draft model {Path(self.model).name} (k={k}{adaptive})"

@@ -31,6 +31,7 @@ from sut.parallel import Shard, broadcast, free_port, init_group
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
 from sut.spec_decode.draft_model import DraftModelProposer
+from sut.spec_decode.eagle3 import Eagle3Proposer
 from sut.spec_decode.ngram import NgramProposer
 from sut.spec_decode.proposer import Proposer
 from sut.worker.model_runner import ModelRunner
@@ -87,6 +88,11 @@ class LLMEngine:
         spec = self.config.speculative_config
         if spec is not None and spec.method == "ngram":
             self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
+        elif spec is not None and spec.method == "eagle3":
+            self.proposer = Eagle3Proposer(
+                draft.folder, draft.eagle3, self.runner, self.dtype, self.device, self.default_generator
+            )
+            self.runner.aux_layers = self.proposer.aux_layers  # the target's forwards keep the head's input
         elif spec is not None:
             self.proposer = DraftModelProposer(
                 draft.folder,
@@ -233,10 +239,15 @@ class LLMEngine:
             self._propose_drafts()
         batch = self.scheduler.schedule(start)
         if batch:
+            # An EAGLE3 head is handed the step's hidden states after the update (the positions kept).
+            starts = [s.num_computed_tokens for s in batch.seqs] if self.runner.aux_layers else None
             sampled = self._execute(batch)
             now = time.perf_counter()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
+            if starts is not None:
+                aux, self.runner.aux_hidden_states = self.runner.aux_hidden_states, None
+                self.proposer.observe(batch.seqs, starts, batch.num_new_tokens, aux)
         return [self._output(seq) for seq in self._forget(finished)]
 
     def _propose_drafts(self) -> None:

@@ -15,6 +15,7 @@ from sut.errors import CheckpointError, ConfigError
 from sut.model.checksums import verify_folder
 from sut.parallel import check_divides
 from sut.spec_decode.draft_model import check_draft_folder
+from sut.spec_decode.eagle3 import check_eagle3_folder
 
 
 def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
@@ -55,6 +56,12 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
                 )
             weight_bytes = sum(f.stat().st_size for f in draft_folder.glob("*.safetensors"))
             draft = DraftModel(draft_folder, draft_config, weight_bytes)
+        elif spec.method == "eagle3":  # checked before any model loads
+            _check_eagle3_settings(config)
+            head_folder = Path(spec.model).expanduser()
+            head = check_eagle3_folder(head_folder, mc, max_model_len)
+            weight_bytes = sum(f.stat().st_size for f in head_folder.glob("*.safetensors"))
+            draft = DraftModel(head_folder, head.layer, weight_bytes, eagle3=head)
     _check_parallel(config, mc, device)
     _check_model_features(config, mc)
     if config.verify_checksums:
@@ -63,6 +70,21 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
             verify_folder(draft.folder)
     dtype = mc.dtype if config.dtype == "auto" else DTYPES[config.dtype]
     return ResolvedConfig(folder, config, mc, max_model_len, dtype, device, draft)
+
+
+def _check_eagle3_settings(config: EngineConfig) -> None:
+    """What an EAGLE3 head does not run with yet."""
+    refused = {
+        "tensor_parallel_size > 1": config.tensor_parallel_size > 1,  # the head would share a rank's embedding slice
+        "cuda_graphs": config.cuda_graphs,  # a captured step does not keep the hidden states the head reads
+        "enable_prefix_caching": config.enable_prefix_caching,  # a cached prefix has no hidden states
+        "disaggregation": config.disaggregation is not None,  # the prompt's hidden states stay on the prefill side
+    }
+    for setting, on in refused.items():
+        if on:
+            raise ConfigError(
+                f"engine settings speculative_config method 'eagle3' and {setting} do not go together yet"
+            )
 
 
 def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:

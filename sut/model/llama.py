@@ -123,13 +123,29 @@ class LlamaForCausalLM(nn.Module):
         self.tp: Shard | None = None  # tensor parallel (sut/parallel/): this rank's vocabulary rows
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Hidden states `[num_tokens, hidden]` of a flat batch of tokens."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        aux_layers: tuple[int, ...] = (),
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states `[num_tokens, hidden]` of a flat batch of tokens. With `aux_layers` (an EAGLE3
+        head's input), also the residual stream at those layer boundaries, joined in that order
+        `[num_tokens, len(aux_layers) * hidden]`: boundary j is what enters layer j (0: the
+        embeddings; num_layers: what leaves the last layer, before the final norm)."""
         x = embed(self.model.embed_tokens, input_ids, self.tp) if self.tp else self.model.embed_tokens(input_ids)
         rope = self.rotary(positions, x.dtype)
         residual = None
-        for layer in self.model.layers:
+        kept: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
+            if i in aux_layers:
+                kept[i] = x if residual is None else x + residual
             x, residual = layer(x, residual, rope, meta, self.ops)
+        if aux_layers:
+            if len(self.model.layers) in aux_layers:
+                kept[len(self.model.layers)] = x + residual
+            return self.model.norm(x, residual, self.ops)[0], torch.cat([kept[j] for j in aux_layers], dim=-1)
         return self.model.norm(x, residual, self.ops)[0]
 
     def finish_loading(self, device: torch.device, shard: Shard | None) -> None:

@@ -93,6 +93,10 @@ class ModelRunner:
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
         spec = config.speculative_config
         self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
+        # An EAGLE3 head's proposer sets `aux_layers` (the target's layer boundaries it reads): then each
+        # forward keeps their hidden states for the step's tokens in `aux_hidden_states` (None otherwise).
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden_states: torch.Tensor | None = None
         self.graphs = None
         if config.cuda_graphs:
             if device.type != "cuda":
@@ -232,11 +236,14 @@ class ModelRunner:
             meta.window = dataclasses.replace(
                 meta, slot_mapping=step.window_slot_mapping, block_tables=step.window_block_tables
             )
-        hidden = self.graphs.run(step) if self.graphs else None
-        if hidden is None and self.cpu_decoder:
-            hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
-        if hidden is None:
-            hidden = self.model(step.input_ids, step.positions, meta)
+        if self.aux_layers:  # the model's own forward keeps them (a CUDA graph or the one-call decoder does not)
+            hidden, self.aux_hidden_states = self.model(step.input_ids, step.positions, meta, self.aux_layers)
+        else:
+            hidden = self.graphs.run(step) if self.graphs else None
+            if hidden is None and self.cpu_decoder:
+                hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
+            if hidden is None:
+                hidden = self.model(step.input_ids, step.positions, meta)
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
