@@ -3,7 +3,12 @@ llama3.1-8b (a JSON list of records with `tok_input`, the prompt's token ids, an
 reference summary; `input` holds the prompt text). The CPU demo's XSum stand-in is written in the
 same form, and so is llama2-70b's OpenOrca set, converted once from its pickle by harness.openorca.
 A `.parquet` file, as the newer references ship theirs (gpt-oss-120b's), is read with Hugging Face
-`datasets` (its Arrow reader, no hub), its prompt in `input_tokens` (or `tok_input`).
+`datasets` (its Arrow reader, no hub), its prompt in `input_tokens` (or `tok_input`, which the
+reference prefers where both are); in a table the reference text `output` is optional: gpt-oss-120b's
+sets carry `ground_truth` and `dataset` instead, which its accuracy script reads from the file itself
+(accuracy/gpt_oss.py). A pickled table (`.pkl`, which gpt-oss-120b's reference also reads) is refused
+by name: unpickling runs code stored in the file, so the harness never reads one at run time (as for
+llama2-70b's, harness/openorca.py); the reference now distributes its sets as parquet (its README).
 Every problem names the file, the sample and the field. It lives in accuracy, which owns the
 references, so that the reference run and the submission chain read it without the harness."""
 
@@ -20,7 +25,7 @@ class DatasetError(ValueError):
 class Dataset:
     path: Path
     input_ids: list[list[int]]  # QSL index -> prompt token ids
-    references: list[str]  # QSL index -> reference output text
+    references: list[str | None]  # QSL index -> reference output text (None: a table without `output`)
     # QSL index -> the response's length to generate (a user's traffic sample that gives lengths,
     # harness/traffic.py); None where the benchmark's generation settings decide, as for every benchmark
     output_tokens: list[int | None] | None = None
@@ -34,8 +39,16 @@ def load_dataset(path: str | Path) -> Dataset:
     path = Path(path)
     if not path.is_file():
         raise DatasetError(f"{path}: dataset file not found (for the demo, run `make data`)")
-    records = _parquet_records(path) if path.suffix == ".parquet" else _json_records(path)
-    return _checked(path, records)
+    if path.suffix == ".parquet":
+        return _checked(path, _parquet_records(path), needs_output=False)
+    if path.suffix in (".pkl", ".pickle"):
+        raise DatasetError(
+            f"{path}: a pickled table, and unpickling runs code stored in the file, so the harness never "
+            "reads one at run time: use the reference's parquet file of the same set (gpt-oss-120b's sets are "
+            "distributed as parquet), or convert this one once, if you trust it: "
+            "python -c 'import pandas, sys; pandas.read_pickle(sys.argv[1]).to_parquet(sys.argv[2])' IN.pkl OUT.parquet"
+        )
+    return _checked(path, _json_records(path))
 
 
 def _parquet_records(path: Path) -> list[dict]:
@@ -70,23 +83,23 @@ def _json_records(path: Path) -> list:
     return records
 
 
-def _checked(path: Path, records: list) -> Dataset:
+def _checked(path: Path, records: list, needs_output: bool = True) -> Dataset:
     input_ids, references, lengths = [], [], []
     for i, record in enumerate(records):
         if not isinstance(record, dict):
             raise DatasetError(f"{path}: sample {i} is not an object")
-        for field in ("tok_input", "output"):
+        for field in ("tok_input", "output") if needs_output else ("tok_input",):
             if field not in record:
                 raise DatasetError(f"{path}: sample {i} has no {field!r} field")
         ids = record["tok_input"]
         if not isinstance(ids, list) or not ids or not all(type(t) is int and t >= 0 for t in ids):
             raise DatasetError(f"{path}: sample {i} field 'tok_input' must be a non-empty list of token ids")
-        if not isinstance(record["output"], str):
+        if not isinstance(record.get("output"), str) and (needs_output or record.get("output") is not None):
             raise DatasetError(f"{path}: sample {i} field 'output' must be a string")
         length = record.get("output_tokens")
         if length is not None and (type(length) is not int or length < 1):
             raise DatasetError(f"{path}: sample {i} field 'output_tokens' must be a positive integer")
         input_ids.append(ids)
-        references.append(record["output"])
+        references.append(record.get("output"))
         lengths.append(length)
     return Dataset(path, input_ids, references, lengths if any(n is not None for n in lengths) else None)

@@ -1,7 +1,8 @@
 """Score an accuracy-mode run the way the MLPerf summarization scripts do: decode the accuracy
 log's token ids (int32), detokenize with special tokens skipped, ROUGE against the dataset's
 references, and write accuracy.txt, ending, as the official truncation step leaves it, with the
-`hash=` line of the accuracy log it was computed from (the packager checks the two agree)."""
+`hash=` line of the accuracy log it was computed from (the packager checks the two agree).
+gpt-oss-120b's runs are scored by its own script, accuracy/gpt_oss.py (harness/run.py score)."""
 
 import hashlib
 import re

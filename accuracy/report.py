@@ -4,7 +4,7 @@ per-benchmark accuracy targets the v6.1 submission checker enforces (kept in sys
 import numpy as np
 
 from accuracy.rouge import rouge_scores
-from systems.benchmarks import BENCHMARKS
+from systems.benchmarks import BENCHMARKS, ENTRIES, AccuracyTarget
 
 
 def summarization_accuracy(predictions: list[str], references: list[str], token_counts: list[int]) -> dict:
@@ -30,12 +30,21 @@ def targets_for(benchmark: str) -> dict[str, tuple[float, float | None]]:
     return BENCHMARKS[benchmark].targets()
 
 
-def reference_targets(reference: dict) -> dict[str, tuple[float, float | None]]:
-    """A substituted model's targets, the llama3.1-8b way: 99% of each ROUGE score its own
-    reference implementation got, and gen_len within 90-110% of the reference's."""
-    targets = {k: (reference[k] * 0.99, None) for k in ("rouge1", "rouge2", "rougeL", "rougeLsum")}
-    targets["gen_len"] = (reference["gen_len"] * 0.9, reference["gen_len"] * 1.1)
-    return targets
+def reference_targets(reference: dict, benchmark: str = "llama3.1-8b") -> dict[str, tuple[float, float | None]]:
+    """A substituted model's targets: each of the benchmark's metrics at the benchmark's own shares of
+    the score its own reference implementation got (llama3.1-8b: 99% of each ROUGE score, gen_len
+    within 90-110%; gpt-oss-120b: 99% of exact_match, tokens_per_sample at most 110%). KeyError
+    naming the metric the reference lacks."""
+    rules = next((b for b in ENTRIES if b.name == benchmark), None)
+    if rules is None:
+        raise KeyError(f"no accuracy targets for benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
+    missing = [metric for metric in rules.accuracy if metric not in reference]
+    if missing:
+        raise KeyError(f"the accuracy reference has no {missing} score, which {benchmark}'s targets need")
+    return {
+        metric: AccuracyTarget(reference[metric], target.low, target.high).bounds()
+        for metric, target in rules.accuracy.items()
+    }
 
 
 def check_targets(targets: dict[str, tuple[float, float | None]], result: dict) -> list[str]:

@@ -304,8 +304,9 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
 
 def check_before_runs(system: System, benchmarks: list[str]) -> None:
     """What every run of the chain needs, before the first starts: each benchmark a known one with a
-    dataset in the system, its dataset readable, its model's tokenizer there (the accuracy runs
-    score with it)."""
+    dataset in the system, the dataset of each of its runs readable (gpt-oss-120b's accuracy and
+    TEST07 sets beside its performance set), its model's tokenizer there (the accuracy runs score
+    with it)."""
     unknown = [b for b in benchmarks if b not in BENCHMARKS]
     if unknown:
         raise ChainError(f"unknown benchmark(s) {unknown}; known: {sorted(BENCHMARKS)}")
@@ -313,7 +314,8 @@ def check_before_runs(system: System, benchmarks: list[str]) -> None:
     if without:
         raise ChainError(f"{system.path} names no dataset for {without}; it has {sorted(system.datasets)}")
     for benchmark in benchmarks:
-        load_dataset(system.datasets[benchmark])
+        for path in dict.fromkeys(system.dataset_for(benchmark, mode) for mode in run_modes(benchmark)):
+            load_dataset(path)
         load_tokenizer(system.model_for(benchmark))
 
 

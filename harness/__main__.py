@@ -1,5 +1,6 @@
-"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06
-[--config FILE.yaml] [--engine JSON] [--log-dir DIR]`"""
+"""`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06|TEST07|TEST09
+[--config FILE.yaml] [--engine JSON] [--log-dir DIR]` (the compliance modes a benchmark's rules name:
+TEST06 for the llama benchmarks, TEST07 and TEST09 for gpt-oss-120b)"""
 
 import argparse
 import json
@@ -7,7 +8,9 @@ import os
 import sys
 from pathlib import Path
 
+from accuracy.accuracy_log import AccuracyLogError
 from accuracy.dataset import DatasetError
+from accuracy.gpt_oss import GptOssAccuracyError
 from compliance.run_folder import RunFolderError
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from systems.benchmarks import BENCHMARKS
@@ -99,7 +102,7 @@ def main() -> None:
         )
         cfg.warmup, cfg.log_responses = not args.no_warmup, args.log_responses
         if args.dataset is not None:
-            cfg.system.datasets[args.benchmark] = args.dataset
+            cfg.system.use_dataset(args.benchmark, args.dataset)
         print(run(cfg))
     except RunFailed as e:
         print(e.summary)
@@ -110,7 +113,8 @@ def main() -> None:
         # LoadGen's thread may still run its test, and the interpreter's exit would tear it down
         # under it (a segmentation fault): end the process here, as a SIGINT would, with 130.
         os._exit(130)
-    except (HarnessConfigError, DatasetError, SaafError, RunFolderError) as e:  # a user's error: one line
+    except (HarnessConfigError, DatasetError, SaafError, RunFolderError, AccuracyLogError, GptOssAccuracyError) as e:
+        # a user's error (a scorer's included: the run is marked failed): one line
         sys.exit(f"error: harness: {e}")
 
 

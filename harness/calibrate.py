@@ -187,7 +187,7 @@ def main() -> None:
         )
     except (HarnessConfigError, DatasetError, SaafError) as e:
         sys.exit(f"error: calibrate: {e}")
-    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
+    params = SamplingParams(**cfg.benchmark.generation("performance"))
     ttft_limit, tpot_limit = cfg.benchmark.latency_limits_ms[args.scenario]
     try:
         cal = measure_floors(engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit)

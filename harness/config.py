@@ -13,6 +13,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 
 from accuracy.evaluate import TokenizerError, load_tokenizer
+from compliance.audit_config import AUDIT_CONFIGS
 from systems.benchmarks import BENCHMARKS, ENTRIES, Benchmark
 from systems.schema import REPO, System, SystemConfigError
 
@@ -28,11 +29,12 @@ SCENARIOS = {
     "Interactive": lg.TestScenario.Server,  # LoadGen's Server with the "-interactive" model's limits
     "SingleStream": lg.TestScenario.SingleStream,
 }
-# TEST06 is a performance run under the audit settings of compliance/TEST06.audit.config.
+# A compliance test (TEST06; gpt-oss-120b's TEST07 and TEST09) is a performance run under the audit
+# settings of its compliance/TEST0x.audit.config (compliance/audit_config.py AUDIT_CONFIGS).
 MODES = {
     "performance": lg.TestMode.PerformanceOnly,
     "accuracy": lg.TestMode.AccuracyOnly,
-    "TEST06": lg.TestMode.PerformanceOnly,
+    **{test: lg.TestMode.PerformanceOnly for test in AUDIT_CONFIGS},
 }
 
 # user.conf keys LoadGen reads (test_settings_internal.cc); seeds come only from mlperf.conf.
@@ -113,8 +115,10 @@ def check_engine_settings(system: System, benchmark: str, scenario: str, overrid
 
 
 def check_speculation_allowed(system: System, benchmark: Benchmark, scenario: str) -> None:
-    """MLPerf's closed division allows speculative decoding only where a benchmark's rules name it,
-    and there only with the reference's own head, which no proposer here is."""
+    """MLPerf's closed division allows speculative decoding only where a benchmark's rules name it
+    (deepseek-r1 and gpt-oss-120b Interactive), and there only as the reference runs it: its method
+    with its own head and number of drafts (gpt-oss-120b: EAGLE3 with
+    nvidia/gpt-oss-120b-Eagle3-long-context, 3 drafts), checked here by the head folder's name."""
     spec = system.engine_settings(scenario, benchmark.name).get("speculative_config")
     if system.division != "closed" or spec is None:
         return
@@ -125,11 +129,42 @@ def check_speculation_allowed(system: System, benchmark: Benchmark, scenario: st
             f"(with the reference's MTP/EAGLE head), but the engine settings for {benchmark.name} "
             f"{scenario} set speculative_config; remove it, or submit in the open division"
         )
-    raise HarnessConfigError(
-        f"{system.path}: the closed division allows speculative decoding for {benchmark.name} "
-        f"{scenario} only with the reference's MTP/EAGLE head, not with method "
-        f"{spec.get('method')!r}"
-    )
+    rule = benchmark.speculation
+    spec = spec if isinstance(spec, dict) else {}
+    differences = []
+    if rule is None or spec.get("method") != rule.method:
+        differences.append(f"method {spec.get('method')!r}")
+    elif spec.get("num_speculative_tokens") != rule.num_speculative_tokens:
+        differences.append(f"num_speculative_tokens {spec.get('num_speculative_tokens')!r}")
+    elif spec.get("adaptive"):
+        differences.append("adaptive drafting (the number of drafts is fixed)")
+    elif rule.head is not None and Path(str(spec.get("model") or "")).name != rule.head.rsplit("/", 1)[-1]:
+        differences.append(f"head {spec.get('model')!r} (its folder must be named {rule.head.rsplit('/', 1)[-1]!r})")
+    if differences:
+        reference = rule.describe() if rule else "none here yet"
+        raise HarnessConfigError(
+            f"{system.path}: the closed division allows speculative decoding for {benchmark.name} "
+            f"{scenario} only with the reference's MTP/EAGLE head and settings ({reference}), not with "
+            f"{differences[0]}"
+        )
+
+
+def check_mode(system: System, benchmark: Benchmark, mode: str) -> None:
+    """A compliance test runs only for a benchmark whose rules name it (gpt-oss-120b: TEST07 and
+    TEST09, not TEST06), and a mode whose set is not the performance set (gpt-oss-120b's accuracy
+    set and TEST07's GPQA set) needs the system to name its file."""
+    tests = benchmark.compliance_tests
+    if mode in AUDIT_CONFIGS and tests and mode not in tests:
+        raise HarnessConfigError(
+            f"{benchmark.name}'s compliance tests are {', '.join(tests)}, not {mode} (the v6.1 checker's list)"
+        )
+    own = benchmark.mode_datasets.get(mode)
+    if own is not None and mode not in system.mode_datasets.get(benchmark.name, {}):
+        raise HarnessConfigError(
+            f"{system.path}: saaf_harness.datasets.{benchmark.name} names no {mode!r} set: {benchmark.name}'s "
+            f"{mode} runs read their own ({own.name} of the reference's download, {own.samples} samples), "
+            f'not the performance set; write it as {{"performance": ..., "{mode}": ...}}'
+        )
 
 
 def _check_reference(reference: Path, dataset: Path, system: str) -> None:
@@ -158,6 +193,11 @@ class RunConfig:
     warmup: bool = True  # the engine's warm-up before LoadGen starts
     log_responses: bool = False  # every response in the accuracy log, in performance mode too (the report's runs)
     tokenizer: object = None  # the model's, loaded by `resolve` for an accuracy run (its scoring)
+
+    @property
+    def dataset(self) -> Path:
+        """The dataset file this run reads (its mode's: systems/schema.py System.dataset_for)."""
+        return self.system.dataset_for(self.benchmark.name, self.mode)
 
     @staticmethod
     def resolve(
@@ -196,9 +236,10 @@ class RunConfig:
         check_speculation_allowed(sys_config, BENCHMARKS[benchmark], scenario)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")
+        check_mode(sys_config, BENCHMARKS[benchmark], mode)
         reference = sys_config.accuracy_reference
         if mode == "accuracy" and reference is not None:
-            _check_reference(reference, sys_config.datasets[benchmark], system)
+            _check_reference(reference, sys_config.dataset_for(benchmark, mode), system)
         if loadgen:
             user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
             check_user_conf(user_conf)

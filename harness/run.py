@@ -9,18 +9,20 @@ non-zero exit status (RunFailed; Ctrl-C: 130), so nothing downstream takes it fo
 
 import dataclasses
 import datetime
+import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import mlperf_loadgen as lg
 from tqdm import tqdm
 
 from accuracy.dataset import load_dataset
 from accuracy.report import check_targets, reference_targets, targets_for
-from compliance import test06
+from compliance.audit_config import AUDIT_CONFIGS, read_audit_config
 from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log
 from compliance.run_folder import RunFolder
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
@@ -47,9 +49,11 @@ def run(cfg: RunConfig, engine=None) -> str:
     report's, harness/run_worker.py) LoadGen logs "Multiple conf files are used. This is not valid
     for official submission.", as it should: they are measurements, not a submission's runs."""
     # The inputs before the folder: a bad dataset must not cost the folder its earlier run.
-    dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
+    dataset = load_dataset(cfg.dataset)
     model = cfg.system.model_for(cfg.benchmark.name)
     check_token_ids(dataset, model)
+    if cfg.mode == "accuracy":
+        check_scoring(cfg, dataset)
     if engine is not None:
         engine.reset()  # nothing cached, counted or timed from the run before
     folder = RunFolder(cfg.log_dir)
@@ -135,9 +139,55 @@ def check_room(cfg: RunConfig, engine, dataset) -> None:
     no_room = [i for i, ids in enumerate(dataset.input_ids) if engine.max_model_len - len(ids) < 2]
     if no_room:
         raise HarnessConfigError(
-            f"{cfg.system.datasets[cfg.benchmark.name]}: samples {no_room[:5]} leave room for "
+            f"{cfg.dataset}: samples {no_room[:5]} leave room for "
             f"fewer than 2 new tokens in max_model_len {engine.max_model_len}; LoadGen logs an "
             "error for a response of fewer than 2 tokens"
+        )
+    # The rules forbid lowering the maximum output length: in the closed division every prompt keeps
+    # room for the benchmark's new tokens of this mode (the engine would clamp them to max_model_len),
+    # or for the length a traffic sample gives it.
+    new_tokens = cfg.benchmark.max_tokens(cfg.mode)
+    wanted = [
+        len(ids) + (n or new_tokens)
+        for ids, n in zip(dataset.input_ids, dataset.output_tokens or [None] * len(dataset))
+    ]
+    short = [i for i, total in enumerate(wanted) if total > engine.max_model_len]
+    if cfg.system.division == "closed" and short:
+        longest = max(len(dataset.input_ids[i]) for i in short)
+        raise HarnessConfigError(
+            f"{cfg.dataset}: samples {short[:5]} (the longest {longest} tokens) leave room for fewer than "
+            f"the {new_tokens} new tokens of {cfg.benchmark.name}'s {cfg.mode} runs in max_model_len "
+            f"{engine.max_model_len}: raise max_model_len to at least {max(wanted)} (the rules forbid a "
+            "lower maximum output length)"
+        )
+
+
+def check_scoring(cfg: RunConfig, dataset) -> None:
+    """Before an accuracy run (gpt-oss-120b's takes hours), what its scoring will need: each sample's
+    reference text (summarization), or each sample's sub-dataset known to gpt-oss's script and,
+    where the set has LiveCodeBench samples, LiveCodeBench's problems named in the system file."""
+    name = cfg.benchmark.name
+    if cfg.benchmark.scorer == "summarization":
+        if None in dataset.references:
+            raise HarnessConfigError(
+                f"{cfg.dataset}: sample {dataset.references.index(None)} has no 'output' (the reference "
+                f"text), which scoring {name}'s accuracy run needs"
+            )
+        return
+    from accuracy.gpt_oss import GptOssAccuracyError, family_of, load_records
+
+    try:
+        records = load_records(cfg.dataset)
+        families = {family_of(r["dataset"], f"{cfg.dataset}: sample {i}")[1] for i, r in enumerate(records)}
+    except GptOssAccuracyError as e:
+        raise HarnessConfigError(str(e)) from None
+    problems = cfg.system.accuracy_file(name, "lcb_problems")
+    if "livecodebench" in families and (problems is None or not problems.exists()):
+        raise HarnessConfigError(
+            f"{cfg.dataset}: its LiveCodeBench samples are graded by running each problem's tests, so "
+            f"LiveCodeBench's release_v6 problems (livecodebench/code_generation_lite, test*.jsonl) must be "
+            f"named as saaf_harness.datasets.{name}.lcb_problems"
+            + (f"; {problems} does not exist" if problems is not None else "")
         )
 
 
@@ -159,23 +209,28 @@ def check_token_ids(dataset, model) -> None:
 
 
 def sampling_params(cfg: RunConfig, dataset):
-    """The benchmark's generation settings, or per sample where a traffic sample gives each response's
-    length (each generated that long, at least 2: _run says why)."""
+    """The benchmark's generation settings for the run's mode (systems/benchmarks.py generation: the
+    reference SUT's), one for all samples; or one per sample (QSL index) where the benchmark samples,
+    each seeded with its QSL index, so that a sample draws the same tokens in every run and whatever
+    else is in its batch; or where a traffic sample gives each response's length (each generated that
+    long, at least 2: _run says why)."""
     from sut import SamplingParams
 
-    params = SamplingParams(max_tokens=cfg.benchmark.max_new_tokens, min_tokens=cfg.benchmark.min_new_tokens)
-    if dataset.output_tokens is None:
+    params = SamplingParams(**cfg.benchmark.generation(cfg.mode))
+    if dataset.output_tokens is None and params.greedy:
         return params
+    per_sample = [params if params.greedy else dataclasses.replace(params, seed=i) for i in range(len(dataset))]
+    if dataset.output_tokens is None:
+        return per_sample
     return [
-        params
-        if n is None
-        else dataclasses.replace(params, max_tokens=max(2, n), min_tokens=max(2, n), ignore_eos=True)
-        for n in dataset.output_tokens
+        p if n is None else dataclasses.replace(p, max_tokens=max(2, n), min_tokens=max(2, n), ignore_eos=True)
+        for p, n in zip(per_sample, dataset.output_tokens)
     ]
 
 
 def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: RunFolder) -> tuple[str, str | None]:
-    # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1).
+    # The reference SUT's settings (language/llama3.1-8b/SUT_VLLM.py: max_tokens 128, min_tokens 1;
+    # language/gpt-oss-120b: temperature 1, top_p 1, 10240 new tokens, 32768 in accuracy runs).
     params = sampling_params(cfg, dataset)
     shutil.copyfile(cfg.user_conf, cfg.log_dir / "user.conf")  # what this run was given (the packager takes it)
     if engine.device.type == "cpu":
@@ -194,10 +249,15 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
         on_complete=lambda out: bar.update(1),
         on_fatal=lambda error: _abandon(engine, error, folder),
     )
+    if unique_issue(cfg.mode):
+        # Each sample of the set issued once: LoadGen's query is performance_sample_count samples
+        # (test_settings_internal.cc), and 6.0.17 crashes in StartTest when that is larger than the
+        # QSL (mlperf.conf's 6396 on TEST07's 990-sample set), so it is the set's own size.
+        settings.performance_sample_count_override = len(dataset)
     performance_count = min(len(dataset), settings.performance_sample_count_override or len(dataset))
     qsl = construct_qsl(len(dataset), performance_count)
     # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
-    audit_config = str(test06.AUDIT_CONFIG if cfg.mode == "TEST06" else cfg.log_dir / "no-audit.config")
+    audit_config = str(AUDIT_CONFIGS[cfg.mode] if cfg.mode in AUDIT_CONFIGS else cfg.log_dir / "no-audit.config")
     try:
         sut.run_test(qsl, settings, log_settings, audit_config)
     finally:
@@ -221,20 +281,15 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
         )
     errors = f"{len(sut.errors)} of {sut.issued} requests failed" if sut.errors else "no errors"
     if cfg.mode == "accuracy":
-        from accuracy.evaluate import evaluate_summarization
-
-        result = evaluate_summarization(
-            cfg.log_dir / "mlperf_log_accuracy.json", dataset.references, cfg.tokenizer, cfg.log_dir / "accuracy.txt"
-        )
+        result, scores = score(cfg, dataset)
         reference = cfg.system.accuracy_reference
         targets = (
-            reference_targets(json.loads(reference.read_text())["scores"])
+            reference_targets(json.loads(reference.read_text())["scores"], cfg.benchmark.name)
             if reference
             else targets_for(cfg.benchmark.name)
         )
         misses = check_targets(targets, result) + ([errors] if sut.errors else [])
         verdict = "PASS" if not misses else "FAIL (" + "; ".join(misses) + ")"
-        scores = ", ".join(f"{k} {result[k]}" for k in ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample"))
         return (f"{cfg.scenario} accuracy: {verdict}: {scores}; {errors}{speculation}; logs in {cfg.log_dir}", failures)
     detail, _ = read_detail_log(cfg.log_dir / "mlperf_log_detail.txt")
     tokens_per_s = detail.get("result_tokens_per_second", detail.get("result_completed_tokens_per_second", 0.0))
@@ -253,6 +308,42 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     )
 
 
+def score(cfg: RunConfig, dataset) -> tuple[dict, str]:
+    """Score the run's accuracy log with the benchmark's accuracy script into accuracy.txt; return
+    (its result, the scores in words)."""
+    log, out = cfg.log_dir / "mlperf_log_accuracy.json", cfg.log_dir / "accuracy.txt"
+    if cfg.benchmark.scorer == "gpt_oss":
+        lcb = cfg.system.accuracy_file(cfg.benchmark.name, "lcb_problems")
+        result = score_gpt_oss(log, cfg.dataset, cfg.system.model_for(cfg.benchmark.name), out, lcb)
+        names = ("exact_match", "tokens_per_sample")
+    else:
+        from accuracy.evaluate import evaluate_summarization
+
+        result = evaluate_summarization(log, dataset.references, cfg.tokenizer, out)
+        names = ("rouge1", "rouge2", "rougeL", "rougeLsum", "tokens_per_sample")
+    return result, ", ".join(f"{k} {result[k]}" for k in names)
+
+
+def score_gpt_oss(log: Path, dataset: Path, model: Path, out: Path, lcb_problems: Path | None = None) -> dict:
+    """Score a gpt-oss-120b accuracy log with its script, accuracy.gpt_oss (what `python -m
+    accuracy.gpt_oss --mlperf-accuracy-file LOG --dataset D --tokenizer M` prints: special tokens
+    kept, the harmony final channel graded per sub-dataset, the score weighted by repeats), and write
+    accuracy.txt: that report, whose last line is `'exact_match': N` as the reference prints it, then
+    `{'exact_match': ..., 'tokens_per_sample': ..., 'gen_num': ...}` (plain numbers, for the checker's
+    patterns; gen_num the samples scored, one per qsl_idx) and the `hash=` line of the log scored."""
+    from accuracy.gpt_oss import evaluate, format_report
+
+    data = Path(log).read_bytes()
+    result = evaluate(log, dataset, model, lcb_problems=lcb_problems)
+    summary = {
+        "exact_match": round(float(result["exact_match"]), 3),
+        "tokens_per_sample": round(float(result["tokens_per_sample"] or 0.0), 1),
+        "gen_num": int(result["total_samples"]),
+    }
+    out.write_text(format_report(result) + f"\n\n{summary}\nhash={hashlib.sha256(data).hexdigest()}\n")
+    return {**result, **summary}
+
+
 def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
     """RUN_RECORD beside LoadGen's logs: the conditions of the run (what the report prints beside its
     numbers) and the engine's busy time split between prefill and decode (its cost split)."""
@@ -268,7 +359,7 @@ def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
         "dtype": str(engine.dtype).removeprefix("torch."),
         "engine": cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name),
         "max_model_len": engine.max_model_len,
-        "dataset": str(cfg.system.datasets[cfg.benchmark.name]),
+        "dataset": str(cfg.dataset),  # the packager's TEST07 command scores on it (compliance/test07.py)
         "dataset_samples": num_samples,
         "machine": machine_description(),
         "commit": _commit(),
@@ -301,12 +392,23 @@ def _abandon(engine, error: Exception, folder: RunFolder) -> None:
     os._exit(3)
 
 
+def unique_issue(mode: str) -> bool:
+    """Whether a mode's audit config issues each sample once (TEST07, TEST09)."""
+    return mode in AUDIT_CONFIGS and read_audit_config(AUDIT_CONFIGS[mode]).get("performance_issue_unique") == "1"
+
+
 def validity(detail: dict, mode: str) -> str:
-    """LoadGen's verdict, saying so where a TEST06 run fails early stopping alone: the audit's
-    queries (100) are too few for it at p99 (it needs ~460), and TEST06 checks the responses
-    (compliance/test06.py), not this verdict, as the official checker does."""
+    """LoadGen's verdict, saying so where a compliance run (min_duration 0) fails early stopping
+    alone: TEST06's 100 queries are too few for it at p99 (it needs ~460), and TEST07/TEST09 issue
+    each sample of a set once; each test checks the responses (compliance/test06.py, test07.py,
+    test09.py), not this verdict, as the official checker does."""
     verdict = detail.get("result_validity", "INVALID")
     met = ("result_perf_constraints_met", "result_min_duration_met", "result_min_queries_met")
-    if mode == "TEST06" and verdict == "INVALID" and not detail.get("early_stopping_met") and all(map(detail.get, met)):
-        return f"INVALID by early stopping alone ({detail.get('result_query_count')} queries; not a TEST06 criterion)"
+    if (
+        mode in AUDIT_CONFIGS
+        and verdict == "INVALID"
+        and not detail.get("early_stopping_met")
+        and all(map(detail.get, met))
+    ):
+        return f"INVALID by early stopping alone ({detail.get('result_query_count')} queries; not a {mode} criterion)"
     return verdict

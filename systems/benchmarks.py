@@ -1,6 +1,12 @@
 """The benchmark registry: every fact the harness, accuracy and compliance need about one MLPerf
-LLM benchmark, in one entry (v6.1; sources in mlperf-rules.md sections 1 and 2). A new benchmark
-is one more entry in ENTRIES."""
+LLM benchmark, in one entry (v6.1; sources in mlperf-rules.md sections 1 and 2, v61-models.md
+section 3). A new benchmark is one more entry in ENTRIES.
+
+A benchmark whose runs read more than one dataset (gpt-oss-120b: an accuracy set other than its
+performance set, and TEST07's own set) names each other set in `mode_datasets`; a system file then
+names the file of each (systems/schema.py). Generation settings can differ by mode
+(`generation(mode)`): gpt-oss-120b's accuracy runs may generate 32768 tokens, its performance and
+compliance runs 10240, as the reference's generation configs say."""
 
 import re
 from dataclasses import dataclass, field
@@ -48,6 +54,30 @@ class AccuracyTarget:
 
 
 @dataclass(frozen=True)
+class DatasetFile:
+    """A dataset as the reference distributes it: its file (path in the reference's download) and
+    how many samples it holds."""
+
+    name: str
+    samples: int
+
+
+@dataclass(frozen=True)
+class SpeculationRule:
+    """Speculative decoding as the closed division allows it for a benchmark (the v6.1 rules'
+    appendix "Speculative Decoding"): the reference's method with the reference's own head and
+    number of draft tokens, nothing tuned."""
+
+    method: str  # the engine's speculative_config.method
+    head: str | None  # the reference's draft head (a Hugging Face repository); None: the model's own layers
+    num_speculative_tokens: int  # the reference's draft steps (its top-k is 1: one chain of drafts)
+
+    def describe(self) -> str:
+        head = f"head {self.head}" if self.head else "the model's own MTP layers"
+        return f"method {self.method!r}, {head}, num_speculative_tokens {self.num_speculative_tokens}"
+
+
+@dataclass(frozen=True)
 class Benchmark:
     name: str  # submission directory name
     loadgen_model: str  # first field of mlperf.conf keys
@@ -64,10 +94,48 @@ class Benchmark:
     # Where the closed division allows speculative decoding, and then only with the reference's own
     # head (MTP / EAGLE; the v6.1 rules' appendix "Speculative Decoding"): nowhere else.
     speculative_scenarios: tuple = ()
+    speculation: SpeculationRule | None = None  # how it may speculate there
+    # Generation as the reference SUT generates: greedy by default; temperature, top_p (1: off) and
+    # top_k (0: off) where it samples. Accuracy runs may allow more new tokens than the others.
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    accuracy_max_new_tokens: int | None = None  # None: max_new_tokens
+    # How the accuracy script scores: "summarization" (ROUGE on text decoded without special tokens,
+    # accuracy/evaluate.py) or "gpt_oss" (accuracy/gpt_oss.py: special tokens kept, the harmony
+    # final channel parsed); skip_special_tokens says which decoding the script uses.
+    scorer: str = "summarization"
+    skip_special_tokens: bool = True
+    # mode -> the set a mode runs on where it is not the performance set (mode "accuracy", a
+    # compliance test's "TEST0x"); every other mode runs on the performance set of dataset_size samples.
+    mode_datasets: dict = field(default_factory=dict)
 
     @property
     def test06(self) -> bool:
         return "TEST06" in self.compliance_tests
+
+    @property
+    def accuracy_dataset_size(self) -> int:
+        """The samples an accuracy run covers (mlperf.conf's accuracy_sample_count_override, where set)."""
+        own = self.mode_datasets.get("accuracy")
+        return own.samples if own else self.dataset_size
+
+    def max_tokens(self, mode: str) -> int:
+        """The most new tokens a response may have in a run of `mode`."""
+        if mode == "accuracy" and self.accuracy_max_new_tokens is not None:
+            return self.accuracy_max_new_tokens
+        return self.max_new_tokens
+
+    def generation(self, mode: str) -> dict:
+        """The engine's sampling settings for a run of `mode` (sut.SamplingParams's names); a sampled
+        benchmark's per-request seeds are the harness's (harness/run.py)."""
+        return {
+            "max_tokens": self.max_tokens(mode),
+            "min_tokens": self.min_new_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+        }
 
     def targets(self) -> dict[str, tuple[float, float | None]]:
         """metric -> (lowest allowed, highest allowed or None)."""
@@ -128,20 +196,39 @@ ENTRIES = (
         {"exact_match": AccuracyTarget(81.3582, 0.99), "tokens_per_sample": AccuracyTarget(3886.2274, 0.9, 1.1)},
         ready=False,
         speculative_scenarios=("Interactive",),
+        # EAGLE-style with DeepSeek-R1's own MTP layer, speculative-num-steps 3, top-k 1
+        speculation=SpeculationRule("mtp", None, 3),
     ),
+    # language/gpt-oss-120b in mlcommons/inference: an SGLang server with dp N, tp = ep = 1 (one GPU
+    # a replica); generation_config.json and README "Generation Configuration" for the sampling and
+    # the new tokens of each mode; the model's generation_config.json for its EOS tokens.
     Benchmark(
         "gpt-oss-120b",
         "gpt-oss-120b",
-        6396,
-        10240,
+        6396,  # perf/perf_eval_ref.parquet (mlperf.conf performance_sample_count_override)
+        10240,  # performance runs and both compliance tests (the perf generation config)
         1,
-        frozenset(),
+        # <|return|> (ends a final message), <|endoftext|>, <|call|> (ends a tool call)
+        frozenset({200002, 199999, 200012}),
         {"Server": (3000, 80), "Interactive": (2000, 15)},
         # tokens_per_sample's 9999 is marked "placeholder" in the checker's source
         {"exact_match": AccuracyTarget(83.13, 0.99), "tokens_per_sample": AccuracyTarget(9999, 0.0, 1.1)},
         compliance_tests=("TEST07", "TEST09"),
-        ready=False,
         speculative_scenarios=("Interactive",),
+        speculation=SpeculationRule("eagle3", "nvidia/gpt-oss-120b-Eagle3-long-context", 3),
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,  # the reference's -1: off
+        accuracy_max_new_tokens=32768,
+        scorer="gpt_oss",
+        skip_special_tokens=False,
+        mode_datasets={
+            # AIME25 x 8, GPQA-Diamond x 5, LiveCodeBench v6 x 3 (accuracy_sample_count_override)
+            "accuracy": DatasetFile("acc/acc_eval_inputs.parquet", 4395),
+            # GPQA-Diamond x 5, prompted with high reasoning effort (compliance/TEST07/README.md)
+            "TEST07": DatasetFile("acc/acc_eval_compliance_gpqa.parquet", 990),
+            # TEST09 runs on the performance set (compliance/TEST09/README.md): no entry
+        },
     ),
 )
 # What the harness runs and the checker checks.

@@ -1,6 +1,11 @@
 """The schema of systems/<system>.json: the MLPerf system description, and our `saaf_harness`
 block in it (model folder, dataset files, engine settings, scenarios), read into `System`. A bad
-file fails with its path and what is wrong."""
+file fails with its path and what is wrong.
+
+`saaf_harness.datasets` names each benchmark's dataset file: one path for every run, or, for a
+benchmark whose runs read several sets (gpt-oss-120b), an object naming the file of each:
+`{"performance": P, "accuracy": A, "TEST07": T}` (a mode it leaves out runs on "performance"), and
+the files its accuracy script reads beside them (`"lcb_problems"`: LiveCodeBench's problems)."""
 
 import json
 import os
@@ -15,6 +20,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 class SystemConfigError(ValueError):
     pass
+
+
+# The keys of a benchmark's dataset object: the runs' modes (harness/config.py MODES), and the files
+# an accuracy script reads beside the dataset.
+DATASET_MODES = ("performance", "accuracy", "TEST06", "TEST07", "TEST09")
+ACCURACY_FILES = ("lcb_problems",)
 
 
 # A system, benchmark, scenario, model or submitter name becomes a folder name in build/ and in the
@@ -36,7 +47,7 @@ def check_name(value, what: str) -> str:
 class System:
     name: str
     models: dict[str, Path]  # benchmark -> model folder ("model": one for all, or "models": one each)
-    datasets: dict[str, Path]  # benchmark -> dataset file
+    datasets: dict[str, Path]  # benchmark -> its performance set (and every mode's without a file of its own)
     engine: dict  # LLM engine settings
     scenario_engine: dict[str, dict]  # per-scenario overrides of those (e.g. a smaller step budget for Server)
     accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
@@ -50,6 +61,9 @@ class System:
     benchmark_engine: dict[str, dict] = field(default_factory=dict)
     # The measurement report's settings (harness/ablation.py): samples, rates, proposers, numerics, price.
     report: dict = field(default_factory=dict)
+    # benchmark -> {mode or accuracy file -> path}: the sets of modes other than performance, and the
+    # files its accuracy script reads (ACCURACY_FILES), where the system file names them.
+    mode_datasets: dict[str, dict[str, Path]] = field(default_factory=dict)
 
     @staticmethod
     def load(name: str, root: Path = REPO) -> "System":
@@ -63,7 +77,7 @@ class System:
             raw = json.loads(path.read_text())
             harness = raw["saaf_harness"]
             reference = harness.get("accuracy_reference")
-            datasets = {b: expand_path(p) for b, p in harness["datasets"].items()}
+            datasets, mode_datasets = _datasets(harness["datasets"], path)
             models = (
                 {b: expand_path(p) for b, p in harness["models"].items()}
                 if "models" in harness
@@ -83,6 +97,7 @@ class System:
                 raw.get("division", "closed"),
                 dict(harness.get("benchmark_engine", {})),
                 dict(harness.get("report", {})),
+                mode_datasets,
             )
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise SystemConfigError(
@@ -107,11 +122,49 @@ class System:
             )
         return system
 
+    def dataset_for(self, benchmark: str, mode: str = "performance") -> Path:
+        """The dataset file a run of `mode` reads: the mode's own where the system names one, else the
+        performance set."""
+        return self.mode_datasets.get(benchmark, {}).get(mode, self.datasets[benchmark])
+
+    def accuracy_file(self, benchmark: str, name: str) -> Path | None:
+        """A file the benchmark's accuracy script reads beside its dataset (ACCURACY_FILES), or None."""
+        return self.mode_datasets.get(benchmark, {}).get(name)
+
+    def use_dataset(self, benchmark: str, path: Path) -> None:
+        """Every run of `benchmark` on `path` (a user's traffic in place of the benchmark's sets)."""
+        self.datasets[benchmark] = Path(path)
+        self.mode_datasets.pop(benchmark, None)
+
     def engine_settings(self, scenario: str, benchmark: str | None = None) -> dict:
         return {**self.engine, **self.benchmark_engine.get(benchmark, {}), **self.scenario_engine.get(scenario, {})}
 
     def model_for(self, benchmark: str) -> Path:
         return self.models[benchmark]
+
+
+def _datasets(raw: dict, path: Path) -> tuple[dict[str, Path], dict[str, dict[str, Path]]]:
+    """(benchmark -> performance set, benchmark -> {other mode or accuracy file -> path}) from
+    `saaf_harness.datasets`; SystemConfigError naming the key for a bad entry."""
+    if not isinstance(raw, dict):
+        raise SystemConfigError(f"{path}: saaf_harness.datasets must be an object of benchmark -> dataset file")
+    datasets, modes = {}, {}
+    for benchmark, value in raw.items():
+        where = f"{path}: saaf_harness.datasets.{benchmark}"
+        if isinstance(value, str):
+            datasets[benchmark] = expand_path(value)
+            continue
+        if not isinstance(value, dict) or not all(isinstance(v, str) and v for v in value.values()):
+            raise SystemConfigError(f"{where} must be a file's path, or an object of mode -> file's path")
+        known = (*DATASET_MODES, *ACCURACY_FILES)
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise SystemConfigError(f"{where}: unknown key(s) {unknown}; known: {list(known)}")
+        if "performance" not in value:
+            raise SystemConfigError(f"{where} names no 'performance' set (every mode it leaves out runs on it)")
+        datasets[benchmark] = expand_path(value["performance"])
+        modes[benchmark] = {k: expand_path(v) for k, v in value.items() if k != "performance"}
+    return datasets, modes
 
 
 def saaf_cache() -> Path:

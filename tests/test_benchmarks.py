@@ -1,5 +1,6 @@
 """The benchmark registry (systems/benchmarks.py): the v6.1 facts every package reads from it."""
 
+from compliance import test07, test09
 from systems.benchmarks import BENCHMARKS, ENTRIES, SCENARIOS
 
 
@@ -25,15 +26,57 @@ def test_latency_limits_and_loadgen_names():
 
 def test_later_benchmarks_are_recorded_but_not_run():
     later = {b.name: b for b in ENTRIES if not b.ready}
-    assert sorted(later) == ["deepseek-r1", "gpt-oss-120b"] and not set(later) & set(BENCHMARKS)
+    assert sorted(later) == ["deepseek-r1"] and not set(later) & set(BENCHMARKS)
     assert later["deepseek-r1"].latency_limits_ms == {"Server": (2000, 80), "Interactive": (1500, 15)}
-    assert later["gpt-oss-120b"].latency_limits_ms == {"Server": (3000, 80), "Interactive": (2000, 15)}
+
+
+def test_gpt_oss_is_the_references_benchmark():
+    """gpt-oss-120b as mlcommons/inference sets it (v61-models.md sections 2b, 3b, 3c; loadgen/mlperf.conf;
+    the v6.1 checker's constants; language/gpt-oss-120b generation_config.json and README)."""
+    g = BENCHMARKS["gpt-oss-120b"]
+    assert g.loadgen_name("Offline") == "gpt-oss-120b" and g.loadgen_name("Interactive") == "gpt-oss-120b-interactive"
+    assert g.dataset_size == 6396 and g.accuracy_dataset_size == 4395
+    assert g.mode_datasets["accuracy"].name == "acc/acc_eval_inputs.parquet"
+    assert (g.mode_datasets["TEST07"].name, g.mode_datasets["TEST07"].samples) == (
+        "acc/acc_eval_compliance_gpqa.parquet",
+        990,
+    )
+    assert "TEST09" not in g.mode_datasets  # the performance set (perf/perf_eval_ref.parquet)
+    # and the audit configs' counts are the sets' sizes
+    assert g.mode_datasets["TEST07"].samples == test07.SAMPLES == int(test07.OFFICIAL_SETTINGS["min_query_count"])
+    assert g.dataset_size == int(test09.OFFICIAL_SETTINGS["min_query_count"])
+    assert g.latency_limits_ms == {"Server": (3000, 80), "Interactive": (2000, 15)}
+    assert g.targets() == {"exact_match": (83.13 * 0.99, None), "tokens_per_sample": (0.0, 9999 * 1.1)}
+    assert g.compliance_tests == ("TEST07", "TEST09") and not g.test06
+    assert g.eos_token_ids == {200002, 199999, 200012}  # <|return|>, <|endoftext|>, <|call|>
+    assert g.scorer == "gpt_oss" and g.skip_special_tokens is False
+    performance = {"max_tokens": 10240, "min_tokens": 1, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+    for mode in ("performance", "TEST07", "TEST09"):
+        assert g.generation(mode) == performance
+    assert g.generation("accuracy") == {**performance, "max_tokens": 32768}
+    assert g.speculative_scenarios == ("Interactive",)
+    assert (g.speculation.method, g.speculation.head, g.speculation.num_speculative_tokens) == (
+        "eagle3",
+        "nvidia/gpt-oss-120b-Eagle3-long-context",
+        3,
+    )
+
+
+def test_the_llama_benchmarks_stay_greedy_with_one_dataset():
+    for name in ("llama3.1-8b", "llama3.1-8b-edge", "llama2-70b-99.9"):
+        b = BENCHMARKS[name]
+        assert b.generation("accuracy") == b.generation("performance")
+        assert b.generation("performance")["temperature"] == 0.0 and b.accuracy_dataset_size == b.dataset_size
+        assert b.scorer == "summarization" and not b.mode_datasets and not b.speculative_scenarios
 
 
 def test_every_entry_is_whole():
     assert len({b.name for b in ENTRIES}) == len(ENTRIES)
     for b in ENTRIES:
         assert b.dataset_size > 0 and 1 <= b.min_new_tokens <= b.max_new_tokens, b.name
+        assert b.max_new_tokens <= b.max_tokens("accuracy") and b.scorer in ("summarization", "gpt_oss"), b.name
+        assert set(b.mode_datasets) <= {"accuracy", *b.compliance_tests}, b.name
+        assert bool(b.speculative_scenarios) == (b.speculation is not None), b.name
         assert set(b.latency_limits_ms) <= {"Server", "Interactive"} and b.accuracy, b.name
         for required, optional in b.scenarios.values():
             assert required | optional <= set(SCENARIOS), b.name

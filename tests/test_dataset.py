@@ -102,3 +102,33 @@ def test_a_parquet_dataset_reads_as_the_json_one(tmp_path):
     (tmp_path / "text.parquet").write_text("not parquet")
     with pytest.raises(DatasetError, match=r"text.parquet: not a readable parquet file"):
         load_dataset(tmp_path / "text.parquet")
+
+
+def test_gpt_oss_tables_read_as_the_reference_reads_them(tmp_path):
+    """gpt-oss-120b's parquet sets: the prompt in `input_tokens` (`tok_input` preferred where both
+    are), no `output` (its accuracy script reads `ground_truth` and `dataset` from the file itself),
+    token ids as plain ints; a JSON set still needs `output`, and a pickled table is refused by name
+    (unpickling runs code: the harness never does it at run time)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "input_tokens": [[200006, 17, 5], [9]],
+            "num_tokens": [3, 1],
+            "ground_truth": ["B", "70"],
+            "dataset": ["gpqa_diamond", "aime25"],
+        }
+    )
+    frame.to_parquet(tmp_path / "acc.parquet")
+    data = load_dataset(tmp_path / "acc.parquet")
+    assert data.input_ids == [[200006, 17, 5], [9]] and data.references == [None, None]
+    assert all(type(t) is int for ids in data.input_ids for t in ids)
+    frame.assign(tok_input=[[1], [2]]).to_parquet(tmp_path / "both.parquet")
+    assert load_dataset(tmp_path / "both.parquet").input_ids == [[1], [2]]
+    frame.to_pickle(tmp_path / "acc.pkl")
+    with pytest.raises(
+        DatasetError, match=r"acc.pkl: a pickled table, and unpickling runs code .* use the reference's parquet"
+    ):
+        load_dataset(tmp_path / "acc.pkl")
+    with pytest.raises(DatasetError, match="sample 0 has no 'output' field"):
+        load_dataset(write(tmp_path / "d.json", [{"tok_input": [1]}]))

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -182,3 +183,182 @@ def test_cli_refuses_engine_settings_that_are_not_json():
         cwd=REPO,
     )
     assert result.returncode != 0 and "--engine is not JSON" in result.stderr
+
+
+# ---- gpt-oss-120b: its sets by mode, its compliance modes, its speculation rule, its sampling
+
+
+def gpt_oss_system(tmp_path, datasets, division="closed", engine=None) -> Path:
+    """A closed system with gpt-oss-120b under tmp_path (its model folder need not exist to resolve
+    a performance or compliance run)."""
+    system = {
+        "division": division,
+        "saaf_harness": {
+            "model": str(tmp_path / "gpt-oss-120b"),
+            "datasets": {"gpt-oss-120b": datasets},
+            "engine": engine or {},
+            "scenarios": ["Offline", "Interactive"],
+        },
+    }
+    (tmp_path / "systems").mkdir(exist_ok=True)
+    (tmp_path / "systems" / "g.json").write_text(json.dumps(system))
+    for scenario in ("Offline", "Interactive"):
+        conf = tmp_path / "measurements" / "g" / "gpt-oss-120b" / scenario / "user.conf"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text("gpt-oss-120b.Offline.target_qps = 1\n")
+    return tmp_path
+
+
+def test_each_gpt_oss_mode_reads_its_own_set(tmp_path):
+    sets = {"performance": "/d/perf.parquet", "accuracy": "/d/acc.parquet", "TEST07": "/d/gpqa.parquet"}
+    root = gpt_oss_system(tmp_path, sets)
+    got = {mode: RunConfig.resolve("g", "gpt-oss-120b", "Offline", mode, root).dataset for mode in ("TEST07", "TEST09")}
+    assert got == {"TEST07": Path("/d/gpqa.parquet"), "TEST09": Path("/d/perf.parquet")}
+    system = System.load("g", root)
+    assert system.dataset_for("gpt-oss-120b", "accuracy") == Path("/d/acc.parquet")
+    assert system.dataset_for("gpt-oss-120b") == system.datasets["gpt-oss-120b"] == Path("/d/perf.parquet")
+    system.use_dataset("gpt-oss-120b", Path("/d/traffic.json"))  # --dataset: every mode on it
+    assert system.dataset_for("gpt-oss-120b", "TEST07") == Path("/d/traffic.json")
+
+
+@pytest.mark.parametrize(
+    "datasets, mode, message",
+    [
+        (
+            "/d/perf.parquet",
+            "TEST07",
+            r"names no 'TEST07' set: gpt-oss-120b's TEST07 runs read their own "
+            r"\(acc/acc_eval_compliance_gpqa.parquet of the reference's download, 990 samples\)",
+        ),
+        (
+            {"performance": "/d/p.parquet", "TEST07": "/d/t.parquet"},
+            "accuracy",
+            r"names no 'accuracy' set: .*acc/acc_eval_inputs.parquet .* 4395 samples",
+        ),
+        (
+            {"performance": "/d/p.parquet", "TEST07": "/d/t.parquet"},
+            "TEST06",
+            "compliance tests are TEST07, TEST09, not TEST06",
+        ),
+        ({"accuracy": "/d/a.parquet"}, "performance", r"saaf_harness.datasets.gpt-oss-120b names no 'performance' set"),
+        ({"performance": "/d/p.parquet", "TEST08": "/d/t.parquet"}, "performance", r"unknown key\(s\) \['TEST08'\]"),
+    ],
+)
+def test_a_gpt_oss_mode_without_its_set_is_refused_by_name(tmp_path, datasets, mode, message):
+    root = gpt_oss_system(tmp_path, datasets)
+    with pytest.raises(HarnessConfigError, match=message):
+        RunConfig.resolve("g", "gpt-oss-120b", "Offline", mode, root)
+
+
+def test_compliance_modes_are_performance_runs_under_their_audit_configs():
+    from compliance.audit_config import AUDIT_CONFIGS
+    from harness.config import MODES
+    from harness.run import unique_issue, validity
+
+    assert set(MODES) == {"performance", "accuracy", "TEST06", "TEST07", "TEST09"} and set(AUDIT_CONFIGS) <= set(MODES)
+    assert [m for m in MODES if unique_issue(m)] == ["TEST07", "TEST09"]
+    met = dict.fromkeys(("result_perf_constraints_met", "result_min_duration_met", "result_min_queries_met"), True)
+    detail = {**met, "result_validity": "INVALID", "early_stopping_met": False, "result_query_count": 990}
+    for mode in ("TEST06", "TEST07", "TEST09"):
+        assert validity(detail, mode) == f"INVALID by early stopping alone (990 queries; not a {mode} criterion)"
+    assert validity(detail, "performance") == "INVALID"
+    assert validity({**detail, "result_min_queries_met": False}, "TEST07") == "INVALID"
+
+
+SPEC = {"method": "eagle3", "model": "/m/gpt-oss-120b-Eagle3-long-context", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    "scenario, spec, message",
+    [
+        ("Interactive", SPEC, None),
+        ("Offline", SPEC, "allows speculative decoding only for deepseek-r1 Interactive, gpt-oss-120b Interactive"),
+        ("Interactive", {**SPEC, "num_speculative_tokens": 4}, "not with num_speculative_tokens 4"),
+        ("Interactive", {**SPEC, "method": "ngram"}, "method 'eagle3', head nvidia/gpt-oss-120b-Eagle3-long-context"),
+        ("Interactive", {**SPEC, "model": "/m/my-eagle3"}, "must be named 'gpt-oss-120b-Eagle3-long-context'"),
+        ("Interactive", {**SPEC, "adaptive": True}, "not with adaptive drafting"),
+    ],
+)
+def test_closed_gpt_oss_speculates_only_with_the_references_eagle3_in_interactive(tmp_path, scenario, spec, message):
+    from harness.config import check_speculation_allowed
+    from systems.benchmarks import BENCHMARKS
+
+    system = System.load("g", gpt_oss_system(tmp_path, "/d/p.parquet", engine={"speculative_config": spec}))
+    if message is None:
+        check_speculation_allowed(system, BENCHMARKS["gpt-oss-120b"], scenario)
+        system.division = "open"
+        return
+    with pytest.raises(HarnessConfigError, match=message):
+        check_speculation_allowed(system, BENCHMARKS["gpt-oss-120b"], scenario)
+    system.division = "open"  # the open division may speculate as it likes
+    check_speculation_allowed(system, BENCHMARKS["gpt-oss-120b"], scenario)
+
+
+def test_gpt_oss_samples_as_the_reference_with_a_seed_per_sample(tmp_path):
+    from accuracy.dataset import Dataset
+    from harness.run import sampling_params
+
+    root = gpt_oss_system(tmp_path, {"performance": "/d/p.parquet", "accuracy": "/d/a.parquet"})
+    data = Dataset(Path("/d/p.parquet"), [[1], [2], [3]], [None] * 3)
+    cfg = RunConfig.resolve("g", "gpt-oss-120b", "Offline", "performance", root)
+    params = sampling_params(cfg, data)
+    assert [(p.temperature, p.top_p, p.top_k, p.min_tokens, p.max_tokens, p.seed) for p in params] == [
+        (1.0, 1.0, 0, 1, 10240, i) for i in range(3)
+    ]
+    cfg.mode = "accuracy"
+    assert {p.max_tokens for p in sampling_params(cfg, data)} == {32768}
+    demo = RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "performance")
+    greedy = sampling_params(demo, data)  # one for all: greedy, 128 new tokens, as before
+    assert greedy.greedy and greedy.seed is None and (greedy.max_tokens, greedy.min_tokens) == (128, 1)
+
+
+def test_a_closed_run_whose_max_model_len_would_cut_responses_is_refused(tmp_path):
+    """The rules forbid lowering the maximum output length: a closed gpt-oss accuracy run needs room
+    for 32768 new tokens after each prompt, a performance run for 10240."""
+    from types import SimpleNamespace
+
+    from accuracy.dataset import Dataset
+    from harness.run import check_room
+
+    root = gpt_oss_system(tmp_path, {"performance": "/d/p.parquet", "accuracy": "/d/a.parquet"})
+    data = Dataset(Path("/d/a.parquet"), [[1] * 100, [1] * 2871], [None] * 2)
+    engine = SimpleNamespace(max_model_len=20480)
+    cfg = RunConfig.resolve("g", "gpt-oss-120b", "Offline", "performance", root)
+    check_room(cfg, engine, data)
+    cfg.mode = "accuracy"
+    with pytest.raises(
+        HarnessConfigError,
+        match=r"samples \[0, 1\] \(the longest 2871 tokens\) leave room for fewer "
+        r"than the 32768 new tokens of gpt-oss-120b's accuracy runs in max_model_len 20480: raise "
+        r"max_model_len to at least 35639",
+    ):
+        check_room(cfg, engine, data)
+    check_room(cfg, SimpleNamespace(max_model_len=36864), data)
+    cfg.system.division = "open"  # a substituted model's own limits
+    check_room(cfg, engine, data)
+
+
+def test_a_gpt_oss_accuracy_run_checks_its_scoring_needs_before_it_starts(tmp_path):
+    """An accuracy set with LiveCodeBench samples needs LiveCodeBench's problems named, and one with a
+    sub-dataset the script cannot grade is refused, before the hours of the run."""
+    import pandas as pd
+
+    from accuracy.dataset import load_dataset
+    from harness.run import check_scoring
+
+    acc = tmp_path / "acc.parquet"
+    frame = pd.DataFrame(
+        {"input_tokens": [[1, 2], [3]], "ground_truth": ["B", "q1"], "dataset": ["gpqa_diamond", "livecodebench_v6"]}
+    )
+    frame.to_parquet(acc)
+    sets = {"performance": "/d/p.parquet", "accuracy": str(acc)}
+    cfg = RunConfig.resolve("g", "gpt-oss-120b", "Offline", "performance", gpt_oss_system(tmp_path, sets))
+    cfg.mode = "accuracy"
+    with pytest.raises(HarnessConfigError, match=r"acc.parquet: its LiveCodeBench samples .* saaf_harness.datasets."):
+        check_scoring(cfg, load_dataset(acc))
+    (tmp_path / "lcb").mkdir()
+    cfg.system.mode_datasets["gpt-oss-120b"]["lcb_problems"] = tmp_path / "lcb"
+    check_scoring(cfg, load_dataset(acc))
+    frame.assign(dataset=["gpqa_diamond", "math500"]).to_parquet(acc)
+    with pytest.raises(HarnessConfigError, match=r"sample 1: dataset 'math500' is graded with PRM800K's math grader"):
+        check_scoring(cfg, load_dataset(acc))

@@ -1,14 +1,19 @@
 """The 8-GPU rigs' system files: every benchmark and scenario resolves (engine settings checked by
 the engine's rules, user.conf by LoadGen's keys), the llama2-70b split fits the card (weights plus
-the K/V of one longest sequence per GPU, within the engine's memory budget), and `make submission`
-on a rig builds none of the CPU demo's model or data."""
+the K/V of one longest sequence per GPU, within the engine's memory budget), gpt-oss-120b's one GPU
+a replica holds its weights and its batch of the performance set's longest sequences, and `make
+submission` on a rig builds none of the CPU demo's model or data."""
 
+import math
 import os
 import subprocess
 
 import pytest
+import torch
 
 from harness.config import RunConfig
+from sut.config import ModelConfig
+from sut.worker.model_runner import blocks_for_one_sequence, kv_bytes_per_block
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System
 
@@ -27,7 +32,7 @@ def weight_bytes(hidden, intermediate, layers, heads, kv_heads, vocab) -> int:
 def test_each_benchmark_and_scenario_resolves(rig):
     system = System.load(rig)
     assert system.division == "closed" and not system.demo
-    for benchmark in ("llama3.1-8b", "llama2-70b-99.9"):
+    for benchmark in ("llama3.1-8b", "llama2-70b-99.9", "gpt-oss-120b"):
         for scenario in system.scenarios:
             cfg = RunConfig.resolve(rig, benchmark, scenario, "performance")
             assert BENCHMARKS[benchmark].loadgen_name(scenario) in cfg.user_conf.read_text()
@@ -47,6 +52,81 @@ def test_the_70b_split_fits_the_card_and_uses_all_eight(rig):
     assert per_gpu + 2048 * kv_per_token * 16 < budget, "sixteen sequences of 1024 + 1024 tokens do not fit"
     if tp > 1:  # the next smaller split would not leave room for them
         assert weight_bytes(*SHAPES["llama2-70b-99.9"]) / (tp // 2) + 2048 * kv_per_token * 2 * 16 > budget
+
+
+# openai/gpt-oss-120b's config.json (v61-models.md section 2b): 36 layers alternating a 128-token
+# sliding window and full attention, 64 query and 8 KV heads of 64, 128 experts (top 4) of
+# intermediate 2880 in MXFP4, the rest bf16.
+GPT_OSS_120B = {
+    "architectures": ["GptOssForCausalLM"],
+    "model_type": "gpt_oss",
+    "vocab_size": 201088,
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 128,
+    "num_experts_per_tok": 4,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 18,
+    "max_position_embeddings": 131072,
+    "attention_bias": True,
+    "rms_norm_eps": 1e-5,
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096},
+    "rope_theta": 150000,
+    "quantization_config": {"quant_method": "mxfp4"},
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 200002,
+}
+MXFP4_BITS = 4.25  # 4-bit e2m1 values and one 8-bit E8M0 scale per 32
+PERF_LONGEST = 15330 + 10240  # the performance set's longest prompt and the most new tokens
+ACCURACY_LONGEST = 2871 + 32768  # the accuracy set's longest prompt (NVIDIA's v6.0 README) and its new tokens
+CUDA_CONTEXT = 1e9  # the CUDA context and the allocator's slack, which the runner's budget (free memory) sees
+
+
+def gpt_oss_weight_bytes(c: ModelConfig) -> tuple[float, float]:
+    """(the MXFP4 experts' bytes, the bf16 rest's) of one whole copy of gpt-oss (TP 1)."""
+    h, e, inter, layers = c.hidden_size, c.moe.num_experts, c.intermediate_size, c.num_layers
+    experts = layers * e * (h * 2 * inter + inter * h)  # gate_up [h, 2 x inter] and down [inter, h]
+    q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    attention = h * q + q + 2 * (h * kv + kv) + q * h + h + c.num_heads  # q, k, v, o with biases; sinks
+    router, expert_biases, norms = h * e + e, e * (2 * inter + h), 2 * h
+    rest = layers * (attention + router + expert_biases + norms) + h + 2 * c.vocab_size * h  # untied embeddings
+    return experts * MXFP4_BITS / 8, rest * 2
+
+
+@pytest.mark.parametrize("rig", RIGS)
+def test_gpt_oss_fits_one_gpu_a_replica_with_its_batch_of_the_longest_sequences(rig):
+    """Per GPU, as the engine sizes its cache (sut/worker/model_runner.py): the weights, the runner's
+    reserves for a step's activations and logits, and the CUDA context, under gpu_memory_utilization
+    of the card; in what is left, K/V blocks of 18 layers (a full layer and a window layer share a
+    block index, from two tables) for max_num_seqs sequences of the performance set's longest length
+    (every token in the full layers' table, the window's 128 in the window layers' table) and one
+    step's chunk of window blocks beside them; and room for one sequence of max_model_len, which the
+    engine needs to start and which holds every mode's longest sequence."""
+    c = ModelConfig.from_dict(GPT_OSS_120B)
+    settings = System.load(rig).engine_settings("Offline", "gpt-oss-120b")
+    assert (settings["data_parallel_size"], settings["tensor_parallel_size"]) == (8, 1)
+    experts, rest = gpt_oss_weight_bytes(c)
+    assert 60.5e9 < experts < 61.5e9 and 4.2e9 < rest < 4.5e9  # 60.9 GB and 4.3 GB: 65.2 GB a GPU
+    chunk, seqs = settings["max_num_batched_tokens"], settings["max_num_seqs"]
+    activations = chunk * (6 * c.hidden_size + 3 * c.intermediate_size) * 4  # the runner's reserves
+    logits = seqs * c.vocab_size * 4 * 3
+    cache = settings["gpu_memory_utilization"] * RIGS[rig] - experts - rest - activations - logits - CUDA_CONTEXT
+    block, bs = kv_bytes_per_block(c, 16, torch.bfloat16), 16
+    assert block == 2 * 18 * bs * 8 * 64 * 2  # 36 KiB a token
+    window = math.ceil(c.sliding_window / bs) + 1  # a decoding sequence's window blocks
+    longest = (math.ceil(PERF_LONGEST / bs) + window) * block
+    batch = seqs * longest + math.ceil(chunk / bs) * block  # and a step's chunk in the window layers' table
+    assert batch <= cache, (
+        f"{seqs} sequences of {PERF_LONGEST} tokens need {batch / 1e9:.1f} GB, {cache / 1e9:.1f} left"
+    )
+    assert (seqs + 1) * longest + math.ceil(chunk / bs) * block > cache * 0.9  # not far below what fits
+    max_model_len = settings["max_model_len"]
+    assert max_model_len >= max(PERF_LONGEST, ACCURACY_LONGEST)
+    assert blocks_for_one_sequence(c, bs, max_model_len, chunk) * block <= cache
 
 
 def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
