@@ -8,6 +8,10 @@ Server run at a rate that fits the demo's time budget meets the 2 s first-token 
 prompts this short (README, "Machines").
 
     python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum-100x128.json
+
+The sdist is kept as $SAAF_CACHE/downloads/bigbench-1.0.0.tar.gz: where the package index this
+machine reaches does not offer it (one that lists bigbench 0.0.1 alone), copy it there from a
+machine that has it (`pip download --no-deps bigbench==1.0.0`); its SHA-256 is checked either way.
 """
 
 import argparse
@@ -19,6 +23,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from systems.schema import saaf_cache
+
 BIGBENCH = "bigbench==1.0.0"
 BIGBENCH_SHA256 = "1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2"
 XSUM_MEMBER = "bigbench-1.0.0/bigbench/benchmark_tasks/gem/xsum/task.json"
@@ -28,15 +34,36 @@ INSTRUCTION = (
 )
 
 
-def download_xsum() -> list[dict]:
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", BIGBENCH, "-d", tmp], check=True)
-        (archive,) = Path(tmp).glob("bigbench-*.tar.gz")
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-        if digest != BIGBENCH_SHA256:
-            sys.exit(f"demo_data: {archive.name} has SHA-256 {digest}, expected {BIGBENCH_SHA256}")
-        with tarfile.open(archive) as tar:
-            return json.load(tar.extractfile(XSUM_MEMBER))["examples"]
+def bigbench_sdist(downloads: Path) -> Path:
+    """The BIG-bench sdist in `downloads`, fetched with pip unless it is there already, checked by
+    SHA-256; SystemExit naming what to do where pip cannot get it."""
+    archive = downloads / "bigbench-1.0.0.tar.gz"
+    if not archive.is_file():
+        downloads.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+            done = subprocess.run(
+                [sys.executable, "-m", "pip", "download", "-q", "--no-deps", BIGBENCH, "-d", tmp],
+                capture_output=True,
+                text=True,
+            )
+            found = list(Path(tmp).glob("bigbench-*.tar.gz"))
+            if done.returncode != 0 or not found:
+                why = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or ["no sdist"]
+                sys.exit(
+                    f"demo_data: pip could not download {BIGBENCH}, the source of the demo's XSum set, from the "
+                    f"package index this machine reaches ({why[0]}); copy bigbench-1.0.0.tar.gz (SHA-256 "
+                    f"{BIGBENCH_SHA256}) from a machine whose index has it to {archive}, then run `make data`"
+                )
+            found[0].replace(archive)
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    if digest != BIGBENCH_SHA256:
+        sys.exit(f"demo_data: {archive} has SHA-256 {digest}, expected {BIGBENCH_SHA256}: remove it and run again")
+    return archive
+
+
+def download_xsum(downloads: Path) -> list[dict]:
+    with tarfile.open(bigbench_sdist(downloads)) as tar:
+        return json.load(tar.extractfile(XSUM_MEMBER))["examples"]
 
 
 def build(
@@ -76,12 +103,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--num-samples", type=int, default=100)
     parser.add_argument("--max-prompt-tokens", type=int, default=128)
+    parser.add_argument(
+        "--downloads", type=Path, default=saaf_cache() / "downloads", help="where the BIG-bench sdist is kept"
+    )
     args = parser.parse_args()
     from transformers import AutoTokenizer
 
-    records = build(
-        download_xsum(), AutoTokenizer.from_pretrained(args.tokenizer), args.num_samples, args.max_prompt_tokens
-    )
+    examples = download_xsum(args.downloads)
+    records = build(examples, AutoTokenizer.from_pretrained(args.tokenizer), args.num_samples, args.max_prompt_tokens)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(records))

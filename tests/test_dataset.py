@@ -132,3 +132,21 @@ def test_gpt_oss_tables_read_as_the_reference_reads_them(tmp_path):
         load_dataset(tmp_path / "acc.pkl")
     with pytest.raises(DatasetError, match="sample 0 has no 'output' field"):
         load_dataset(write(tmp_path / "d.json", [{"tok_input": [1]}]))
+
+
+def test_demo_data_names_what_to_do_where_pip_cannot_get_the_bigbench_sdist(tmp_path, monkeypatch):
+    """An index that lists bigbench 0.0.1 alone (as this sandbox's did on 2026-12-04): a clear exit
+    naming the file to copy and where; a kept sdist with another SHA-256 is refused by name."""
+    import subprocess
+
+    import pytest
+
+    from harness import demo_data
+
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for bigbench==1.0.0\n")
+    monkeypatch.setattr(demo_data.subprocess, "run", lambda *a, **k: failed)
+    with pytest.raises(SystemExit, match=r"No matching distribution found for bigbench==1.0.0\); copy bigbench-1.0.0"):
+        demo_data.bigbench_sdist(tmp_path / "downloads")
+    (tmp_path / "downloads" / "bigbench-1.0.0.tar.gz").write_bytes(b"not the sdist")
+    with pytest.raises(SystemExit, match="has SHA-256 .*, expected 1bb398a5"):
+        demo_data.bigbench_sdist(tmp_path / "downloads")
