@@ -23,9 +23,9 @@ from sut import LLM, LLMEngine, SamplingParams
 from sut.config import ModelConfig
 from sut.errors import ConfigError
 from sut.model.rope import RotaryEmbedding
-from tests.helpers import TINY_CONFIG, random_prompts
+from tests.helpers import random_prompts
 from tests.test_gpt_oss import tiny_gpt_oss
-from tests.test_speculative import chi_square_p_value, exact_pairs
+from tests.test_speculative import chi_square_p_value, exact_pairs, generate, small_vocab_model
 
 HEAD_SHAPE = dict(hidden=64, heads=4, kv_heads=2, head_dim=16, inter=96)
 
@@ -165,24 +165,10 @@ def gpt_oss(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory):
-    """A tiny Llama over 12 tokens with peaked distributions (drafts are often accepted) and a head
-    over 8 of them that feeds its normed output back (EAGLE 3.1's norm_output)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(99)
-    config = LlamaConfig(
-        **{
-            **TINY_CONFIG,
-            "vocab_size": 12,
-            "bos_token_id": 0,
-            "eos_token_id": 11,
-            "pad_token_id": 0,
-            "initializer_range": 0.15,
-        }
-    )
-    model = LlamaForCausalLM(config).eval()
+    """The small-vocabulary Llama of test_speculative.py and a head over 8 of its 12 tokens that
+    feeds its normed output back (EAGLE 3.1's norm_output)."""
     root = tmp_path_factory.mktemp("eagle3-small")
-    model.save_pretrained(root / "target")
+    model = small_vocab_model(root / "target")
     head = write_head(
         root / "head", ModelConfig.from_folder(root / "target"), [1, 2, 2], draft_vocab=8, norm_output=True, seed=3
     )
@@ -190,11 +176,6 @@ def small_vocab(tmp_path_factory):
 
 
 TARGETS = ["llama", "gpt_oss", "small_vocab"]
-
-
-def generate(folder, prompts, params, **settings):
-    llm = LLM(folder, device="cpu", **{"num_kv_blocks": 512, **settings})
-    return [o.token_ids for o in llm.generate(prompts, params)], llm.engine
 
 
 def prompts_for(name, n, seed=0):

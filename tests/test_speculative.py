@@ -146,9 +146,9 @@ def test_seeded_sampled_request_is_the_same_whatever_the_batch(tiny_llama, tiny_
 # ---- the distribution of sampled tokens -------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def small_vocab_llama(tmp_path_factory):
-    """A tiny Llama over 12 tokens with peaked next-token distributions, and its 1-layer draft."""
+def small_vocab_model(folder):
+    """A tiny Llama over 12 tokens with peaked next-token distributions (drafts are often
+    accepted), saved in `folder`; the transformers model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(99)
@@ -163,8 +163,15 @@ def small_vocab_llama(tmp_path_factory):
         }
     )
     model = LlamaForCausalLM(config).eval()
-    folder = tmp_path_factory.mktemp("small-vocab") / "target"
     model.save_pretrained(folder)
+    return model
+
+
+@pytest.fixture(scope="module")
+def small_vocab_llama(tmp_path_factory):
+    """The small-vocabulary Llama and its 1-layer draft."""
+    folder = tmp_path_factory.mktemp("small-vocab") / "target"
+    model = small_vocab_model(folder)
     return folder, model, make_draft(folder, 1, folder.parent / "draft")
 
 

@@ -13,12 +13,12 @@ from torch import nn
 
 from kernels import KernelOps
 from sut.config import ModelConfig
-from sut.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel, RMSNorm
+from sut.model.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
 
 class GptOssAttention(LlamaAttention):
     def __init__(self, config: ModelConfig, layer: int):
-        super().__init__(config)
+        super().__init__(config, layer)
         self.sinks = nn.Parameter(torch.empty(config.num_heads), requires_grad=False)
         self.sliding_window = config.layer_window(layer)
 
@@ -97,20 +97,12 @@ class GptOssMLP(nn.Module):
 
 
 class GptOssDecoderLayer(LlamaDecoderLayer):
-    def __init__(self, config: ModelConfig, layer: int):
-        nn.Module.__init__(self)
-        self.self_attn = GptOssAttention(config, layer)
-        self.mlp = GptOssMLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    attention_class = GptOssAttention
+    mlp_class = GptOssMLP
 
 
 class GptOssModel(LlamaModel):
-    def __init__(self, config: ModelConfig):
-        nn.Module.__init__(self)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GptOssDecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+    layer_class = GptOssDecoderLayer
 
 
 class GptOssForCausalLM(LlamaForCausalLM):

@@ -135,11 +135,11 @@ def load_model(
                         f"{file}: tensor {name!r} has shape {tuple(tensor.shape)} ({what}), "
                         f"config.json implies {tuple(shape)}"
                     )
+                if name.endswith(MXFP4_PARTS) and tensor.dtype != torch.uint8:
+                    raise CheckpointError(f"{file}: MXFP4 tensor {name!r} has dtype {tensor.dtype}, not uint8")
                 if param_name in quantized:
-                    _put_mxfp4(model, param_name, quantized[param_name], file, name, tensor, device, dtype)
+                    _put_mxfp4(model, param_name, quantized[param_name], name, tensor, device, dtype)
                 elif name.endswith(MXFP4_PARTS):
-                    if tensor.dtype != torch.uint8:
-                        raise CheckpointError(f"{file}: MXFP4 tensor {name!r} has dtype {tensor.dtype}, not uint8")
                     _put(model, param_name, row, tensor, device, torch.uint8)
                 elif not tensor.is_floating_point():
                     raise CheckpointError(f"{file}: tensor {name!r} has dtype {tensor.dtype}, not a floating-point one")
@@ -173,13 +173,9 @@ def _mxfp4_layout(expected: dict, folder: Path) -> dict[str, dict]:
     return quantized
 
 
-def _put_mxfp4(
-    model: nn.Module, param_name: str, pair: dict, file: Path, name: str, tensor: torch.Tensor, device, dtype
-) -> None:
+def _put_mxfp4(model: nn.Module, param_name: str, pair: dict, name: str, tensor: torch.Tensor, device, dtype) -> None:
     """Keep one half of an MXFP4 pair; with both, put the dequantized weight in place (this backend
     computes the experts from dense weights)."""
-    if tensor.dtype != torch.uint8:
-        raise CheckpointError(f"{file}: MXFP4 tensor {name!r} has dtype {tensor.dtype}, not uint8")
     pair[name.rpartition("_")[2]] = tensor
     if len(pair) == 2:
         dense = dequantize_mxfp4(pair.pop("blocks"), pair.pop("scales"), torch.float32).transpose(1, 2)
