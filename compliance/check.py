@@ -231,13 +231,18 @@ def check_performance(scenario_dir: Path, rules: Benchmark, scenario: str, repor
         report.fail(log, "latency-validity-audit", failure)
 
 
-def _check_common_log(log: Path, values: dict, rules: Benchmark, scenario: str, report: Report) -> None:
+def _check_seeds_and_scenario(log: Path, values: dict, scenario: str, report: Report) -> None:
+    """A run's detail log: LoadGen's v6.1 seeds, and the scenario of the folder it is in."""
     for key, seed in SEEDS_V61.items():
         if values.get(key) != seed:
             report.fail(log, "seeds", f"{key} is {values.get(key)}, not the v6.1 seed {seed}")
     expected = "Server" if scenario == "Interactive" else scenario
     if values.get("effective_scenario") != expected:
         report.fail(log, "scenario", f"effective_scenario {values.get('effective_scenario')!r} is not {expected!r}")
+
+
+def _check_common_log(log: Path, values: dict, rules: Benchmark, scenario: str, report: Report) -> None:
+    _check_seeds_and_scenario(log, values, scenario, report)
     if values.get("effective_performance_sample_count", 0) < rules.dataset_size:
         report.fail(
             log,
@@ -354,12 +359,7 @@ def _check_test_run(test_dir: Path, test: str, official: dict, scenario: str, re
     values, errors = read_detail_log(log)
     for failure in run_setting_differences(values, official):
         report.fail(log, test, failure)
-    for key, seed in SEEDS_V61.items():
-        if values.get(key) != seed:
-            report.fail(log, "seeds", f"{key} is {values.get(key)}, not the v6.1 seed {seed}")
-    expected = "Server" if scenario == "Interactive" else scenario
-    if values.get("effective_scenario") != expected:
-        report.fail(log, "scenario", f"effective_scenario {values.get('effective_scenario')!r} is not {expected!r}")
+    _check_seeds_and_scenario(log, values, scenario, report)
     for error in errors:
         report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
 

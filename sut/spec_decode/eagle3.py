@@ -61,7 +61,6 @@ from sut.model.loader import IGNORED_SUFFIXES, read_header, weight_files
 from sut.model.rope import RotaryEmbedding
 from sut.sample.sampler import draw, sampling_probs, to_host
 from sut.sequence import Sequence
-from sut.worker.step_input import StepInput
 
 WHERE = "engine setting speculative_config.model"
 # config.json `architectures` of a head in the flat layout (EAGLE's own, ModelOpt's, vLLM's name).
@@ -533,7 +532,9 @@ class Eagle3Proposer:
             step = self.runner.prepare_tokens(
                 [seqs[i] for i in active], tokens, starts, [1] * len(active), block_tables
             )
-            out, hidden = self.model(self.embed(step.input_ids), hidden, step.positions, _metadata(step))
+            out, hidden = self.model(
+                self.embed(step.input_ids), hidden, step.positions, step.attention_metadata(with_window=False)
+            )
             hidden = hidden[step.logits_indices]
             logits = self.model.compute_logits(out[step.logits_indices])
             rows = [row for row, i in enumerate(active) if not seqs[i].params.greedy]
@@ -556,18 +557,6 @@ class Eagle3Proposer:
                 hidden = _take_rows(hidden, keep)
             active, tokens, starts = still, next_tokens, next_starts
         return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
-
-
-def _metadata(step: StepInput) -> AttentionMetadata:
-    """Full attention over the head's cache (no window tables: the head attends to every position)."""
-    return AttentionMetadata(
-        slot_mapping=step.slot_mapping,
-        block_tables=step.block_tables,
-        cu_seqlens_q=step.cu_seqlens_q,
-        seq_lens=step.seq_lens,
-        query_lens_host=step.query_lens_host,
-        seq_lens_host=step.seq_lens_host,
-    )
 
 
 def _take_rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:

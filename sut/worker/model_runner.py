@@ -2,13 +2,12 @@
 batch into a StepInput (token ids, positions, slot mapping, block tables: plain tensors) and
 `execute` runs the forward on it and returns the logits of the rows the batch wants."""
 
-import dataclasses
 from itertools import chain
 
 import numpy as np
 import torch
 
-from kernels import AttentionMetadata, paged_attention_triton, select_ops
+from kernels import paged_attention_triton, select_ops
 from kernels.decode_attention import MAX_SPLITS, decode_attention_triton
 from sut.batch import ScheduledBatch
 from sut.config import EngineConfig, ModelConfig
@@ -224,18 +223,7 @@ class ModelRunner:
         """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
         if self.shard is not None and self.shard.rank == 0:
             broadcast(step)  # the other ranks run the same forward on their shards
-        meta = AttentionMetadata(
-            slot_mapping=step.slot_mapping,
-            block_tables=step.block_tables,
-            cu_seqlens_q=step.cu_seqlens_q,
-            seq_lens=step.seq_lens,
-            query_lens_host=step.query_lens_host,
-            seq_lens_host=step.seq_lens_host,
-        )
-        if step.window_block_tables is not None:
-            meta.window = dataclasses.replace(
-                meta, slot_mapping=step.window_slot_mapping, block_tables=step.window_block_tables
-            )
+        meta = step.attention_metadata()
         if self.aux_layers:  # the model's own forward keeps them (a CUDA graph or the one-call decoder does not)
             hidden, self.aux_hidden_states = self.model(step.input_ids, step.positions, meta, self.aux_layers)
         else:

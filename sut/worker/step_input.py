@@ -2,9 +2,12 @@
 on the engine's device and host ints, with no Sequence in it. A tensor-parallel rank receives one,
 a CUDA graph reads from its buffers, and a verifier asks for several rows of logits per sequence."""
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
+
+from kernels import AttentionMetadata
 
 
 @dataclass
@@ -25,3 +28,21 @@ class StepInput:
     @property
     def num_tokens(self) -> int:
         return self.input_ids.shape[0]
+
+    def attention_metadata(self, with_window: bool = True) -> AttentionMetadata:
+        """The attention's view of this step; with `with_window`, the window layers' own slots and
+        tables as its `window` where the step has them (an EAGLE3 head, all full attention, asks
+        without)."""
+        meta = AttentionMetadata(
+            slot_mapping=self.slot_mapping,
+            block_tables=self.block_tables,
+            cu_seqlens_q=self.cu_seqlens_q,
+            seq_lens=self.seq_lens,
+            query_lens_host=self.query_lens_host,
+            seq_lens_host=self.seq_lens_host,
+        )
+        if with_window and self.window_block_tables is not None:
+            meta.window = dataclasses.replace(
+                meta, slot_mapping=self.window_slot_mapping, block_tables=self.window_block_tables
+            )
+        return meta
