@@ -17,6 +17,7 @@ from sut.config import SUPPORTED_ARCHITECTURES, EngineConfig, ModelConfig
 from sut.errors import ConfigError
 from sut.sample.sampler import draw, sampling_probs, to_host
 from sut.sequence import Sequence
+from sut.spec_decode.proposer import sampling_settings
 from sut.worker.model_runner import ModelRunner
 
 TOKENIZER_FILES = (
@@ -62,7 +63,7 @@ class DraftModelProposer:
             )
             logits = self.runner.execute(step)
             rows = [row for row, i in enumerate(active) if not seqs[i].params.greedy]
-            q = {row: sampling_probs(logits[row], *_sampling(seqs[active[row]])) for row in rows}
+            q = {row: sampling_probs(logits[row], *sampling_settings(seqs[active[row]])) for row in rows}
             argmax, *q_host = to_host(logits.argmax(dim=-1), *q.values())  # one host read a forward
             drawn = dict(
                 zip(rows, draw(q_host, [seqs[active[row]].generator or self.default_generator for row in rows]))
@@ -81,10 +82,6 @@ class DraftModelProposer:
         for seq, start in zip(seqs, starts):
             seq.draft_num_computed = start
         return [(d, torch.stack(p) if p else None) for d, p in zip(drafts, probs)]
-
-
-def _sampling(seq: Sequence) -> tuple[float, int, float]:
-    return seq.params.temperature, seq.params.top_k, seq.params.top_p
 
 
 def check_draft_folder(draft: Path, target: Path, target_config: ModelConfig) -> ModelConfig:

@@ -57,10 +57,11 @@ from sut.config import ModelConfig
 from sut.config.resolved import Eagle3Head
 from sut.errors import CheckpointError, ConfigError
 from sut.model.llama import FusedLinear, LlamaAttention, LlamaMLP, RMSNorm
-from sut.model.loader import IGNORED_SUFFIXES, read_header, weight_files
+from sut.model.loader import IGNORED_SUFFIXES, checkpoint_layout, read_header, weight_files
 from sut.model.rope import RotaryEmbedding
 from sut.sample.sampler import draw, sampling_probs, to_host
 from sut.sequence import Sequence
+from sut.spec_decode.proposer import sampling_settings
 
 WHERE = "engine setting speculative_config.model"
 # config.json `architectures` of a head in the flat layout (EAGLE's own, ModelOpt's, vLLM's name).
@@ -379,6 +380,8 @@ def load_head(folder: Path, head: Eagle3Head, vocab_size: int, dtype: torch.dtyp
     model.to_empty(device=device)
     model.to(dtype).requires_grad_(False)
     params = dict(model.named_parameters())
+    # The head's decoder layer is `layer` here, under its checkpoint's prefix there (q/k/v and gate/up fused).
+    layout = checkpoint_layout(model)
     for file in weight_files(folder):
         try:
             with safe_open(file, framework="pt", device="cpu") as f, torch.no_grad():
@@ -392,34 +395,14 @@ def load_head(folder: Path, head: Eagle3Head, vocab_size: int, dtype: torch.dtyp
                         continue
                     if not tensor.isfinite().all():
                         raise CheckpointError(f"{file}: tensor {name!r} holds NaN or inf values (a corrupt checkpoint)")
-                    param, row = _param_of(name, head)
+                    prefix = head.layer_prefix
+                    param, row, _ = layout["layer." + name[len(prefix) :] if name.startswith(prefix) else name]
                     target = params[param]
                     target[row : row + tensor.shape[0]].copy_(tensor.to(dtype))
         except SafetensorError as e:
             raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
     model.rotary = RotaryEmbedding(head.layer, device)
     return model.eval()
-
-
-def _param_of(name: str, head: Eagle3Head) -> tuple[str, int]:
-    """The parameter a checkpoint tensor goes into, and its first row there (q/k/v and gate/up are fused)."""
-    if not name.startswith(head.layer_prefix):
-        return name, 0
-    rest = name[len(head.layer_prefix) :]
-    c = head.layer
-    q, kv, inter = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
-    fused = {
-        "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-        "self_attn.k_proj": ("self_attn.qkv_proj", q),
-        "self_attn.v_proj": ("self_attn.qkv_proj", q + kv),
-        "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-        "mlp.up_proj": ("mlp.gate_up_proj", inter),
-    }
-    module, _, kind = rest.rpartition(".")
-    if module in fused:
-        module, row = fused[module]
-        return f"layer.{module}.{kind}", row
-    return f"layer.{rest}", 0
 
 
 # ---- the proposer ---------------------------------------------------------------------------------
@@ -538,7 +521,7 @@ class Eagle3Proposer:
             hidden = hidden[step.logits_indices]
             logits = self.model.compute_logits(out[step.logits_indices])
             rows = [row for row, i in enumerate(active) if not seqs[i].params.greedy]
-            q = {row: sampling_probs(logits[row], *_sampling(seqs[active[row]])) for row in rows}
+            q = {row: sampling_probs(logits[row], *sampling_settings(seqs[active[row]])) for row in rows}
             argmax, *q_host = to_host(logits.argmax(dim=-1), *q.values())  # one host read a forward
             generators = [seqs[active[row]].generator or self.default_generator for row in rows]
             drawn = dict(zip(rows, draw(q_host, generators)))
@@ -565,7 +548,3 @@ def _take_rows(tensor: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if tensor.device.type != "cpu":
         index = index.pin_memory().to(tensor.device, non_blocking=True)
     return tensor.index_select(0, index)
-
-
-def _sampling(seq: Sequence) -> tuple[float, int, float]:
-    return seq.params.temperature, seq.params.top_k, seq.params.top_p

@@ -22,3 +22,9 @@ class Proposer(Protocol):
     def propose(
         self, seqs: list[Sequence], counts: list[int], block_tables: np.ndarray
     ) -> list[tuple[list[int], torch.Tensor | None]]: ...
+
+
+def sampling_settings(seq: Sequence) -> tuple[float, int, float]:
+    """(temperature, top_k, top_p) of `seq`: what a model proposer samples its drafts with, as the
+    verifier will judge them."""
+    return seq.params.temperature, seq.params.top_k, seq.params.top_p
