@@ -36,6 +36,21 @@ GPT_OSS_TINY = dict(
     # Large random weights give well-separated logits, so greedy ties cannot hide a real difference.
     initializer_range=0.3,
 )
+
+
+def yarn(original_context: int) -> dict:
+    """gpt-oss's YaRN rope settings with a short original context, so that tiny prompts cross it."""
+    return {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": original_context,
+    }
+
+
 # (window, experts, top-k, yarn's original context): the window inside every prompt but the
 # shortest, one longer than any sequence, one of 4 with top-4 of 16 experts and YaRN's ramp crossed.
 CONFIGS = {
@@ -45,15 +60,7 @@ CONFIGS = {
         sliding_window=4,
         num_local_experts=16,
         num_experts_per_tok=4,
-        rope_parameters={
-            "rope_type": "yarn",
-            "rope_theta": 150000.0,
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 32,
-        },
+        rope_parameters=yarn(32),
     ),
 }
 LENGTHS = [1, 5, 17, 33, 48, 7]

@@ -33,6 +33,7 @@ from compliance.check import SYSTEM_REQUIRED_FIELDS, Report, check_scenario, che
 from compliance.package import package
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
+from tests.test_gpt_oss import yarn
 from tests.tiny_system import MEASUREMENTS, reseal
 
 SYSTEM = "tiny-gpt-oss"
@@ -108,15 +109,7 @@ def build_model(folder: Path):
         num_experts_per_tok=2,
         sliding_window=8,
         max_position_embeddings=2048,
-        rope_parameters={
-            "rope_type": "yarn",
-            "rope_theta": 150000.0,
-            "factor": 32.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "truncate": False,
-            "original_max_position_embeddings": 64,
-        },
+        rope_parameters=yarn(64),
         eos_token_id=[ID[t] for t in EOS],
         pad_token_id=ID["<|endoftext|>"],
         bos_token_id=ID["<|start|>"],
