@@ -6,9 +6,11 @@ A `.parquet` file, as the newer references ship theirs (gpt-oss-120b's), is read
 `datasets` (its Arrow reader, no hub), its prompt in `input_tokens` (or `tok_input`, which the
 reference prefers where both are); in a table the reference text `output` is optional: gpt-oss-120b's
 sets carry `ground_truth` and `dataset` instead, which its accuracy script reads from the file itself
-(accuracy/gpt_oss.py). A pickled table (`.pkl`, which gpt-oss-120b's reference also reads) is refused
-by name: unpickling runs code stored in the file, so the harness never reads one at run time (as for
-llama2-70b's, harness/openorca.py); the reference now distributes its sets as parquet (its README).
+(accuracy/gpt_oss.py), and so does deepseek-r1's table, written once from the reference's pickle with
+its prompts tokenized (harness/deepseek_r1.py; scored by accuracy/deepseek_r1.py). A pickled table
+(`.pkl`, which gpt-oss-120b's reference also reads) is refused by name: unpickling runs code stored in
+the file, so the harness never reads one at run time (as for llama2-70b's, harness/openorca.py); the
+gpt-oss reference now distributes its sets as parquet (its README).
 Every problem names the file, the sample and the field. It lives in accuracy, which owns the
 references, so that the reference run and the submission chain read it without the harness."""
 
@@ -47,6 +49,7 @@ def load_dataset(path: str | Path) -> Dataset:
             "reads one at run time: use the reference's parquet file of the same set (gpt-oss-120b's sets are "
             "distributed as parquet), or convert this one once, if you trust it: "
             "python -c 'import pandas, sys; pandas.read_pickle(sys.argv[1]).to_parquet(sys.argv[2])' IN.pkl OUT.parquet"
+            " (deepseek-r1's, whose prompts are text: python -m harness.deepseek_r1 convert)"
         )
     return _checked(path, _json_records(path))
 

@@ -2,7 +2,8 @@
 log's token ids (int32), detokenize with special tokens skipped, ROUGE against the dataset's
 references, and write accuracy.txt, ending, as the official truncation step leaves it, with the
 `hash=` line of the accuracy log it was computed from (the packager checks the two agree).
-gpt-oss-120b's runs are scored by its own script, accuracy/gpt_oss.py (harness/run.py score)."""
+gpt-oss-120b's and deepseek-r1's runs are scored by their own scripts, accuracy/gpt_oss.py and
+accuracy/deepseek_r1.py (harness/run.py score)."""
 
 import hashlib
 import re

@@ -1,6 +1,6 @@
 """`python -m harness run --system S --benchmark B --scenario X --mode performance|accuracy|TEST06|TEST07|TEST09
 [--config FILE.yaml] [--engine JSON] [--log-dir DIR]` (the compliance modes a benchmark's rules name:
-TEST06 for the llama benchmarks, TEST07 and TEST09 for gpt-oss-120b)"""
+TEST06 for the llama benchmarks and deepseek-r1, TEST07 and TEST09 for gpt-oss-120b)"""
 
 import argparse
 import json
@@ -10,6 +10,7 @@ from pathlib import Path
 
 from accuracy.accuracy_log import AccuracyLogError
 from accuracy.dataset import DatasetError
+from accuracy.deepseek_r1 import DeepSeekR1AccuracyError
 from accuracy.gpt_oss import GptOssAccuracyError
 from compliance.run_folder import RunFolderError
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
@@ -113,7 +114,15 @@ def main() -> None:
         # LoadGen's thread may still run its test, and the interpreter's exit would tear it down
         # under it (a segmentation fault): end the process here, as a SIGINT would, with 130.
         os._exit(130)
-    except (HarnessConfigError, DatasetError, SaafError, RunFolderError, AccuracyLogError, GptOssAccuracyError) as e:
+    except (
+        HarnessConfigError,
+        DatasetError,
+        SaafError,
+        RunFolderError,
+        AccuracyLogError,
+        GptOssAccuracyError,
+        DeepSeekR1AccuracyError,
+    ) as e:
         # a user's error (a scorer's included: the run is marked failed): one line
         sys.exit(f"error: harness: {e}")
 

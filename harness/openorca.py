@@ -41,14 +41,18 @@ def file_sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_trusted_bytes(path: Path, trust_pickle: bool) -> tuple[bytes, str]:
-    """The file's bytes and SHA-256, once they are known to be safe to unpickle."""
+def read_trusted_bytes(
+    path: Path, trust_pickle: bool, official: set[str] | None = None, what: str = "OpenOrca pickle"
+) -> tuple[bytes, str]:
+    """The file's bytes and SHA-256, once they are known to be safe to unpickle: its digest is one of
+    `official` (default OFFICIAL_SHA256), or the user trusts it. `what`: the file's name in errors."""
+    official = OFFICIAL_SHA256 if official is None else official
     if not path.is_file():
-        raise DatasetError(f"{path}: OpenOrca pickle not found")
+        raise DatasetError(f"{path}: {what} not found")
     data = path.read_bytes()
     digest = file_sha256(data)
-    if digest not in OFFICIAL_SHA256 and not trust_pickle:
-        known = "no official SHA-256 is published" if not OFFICIAL_SHA256 else "it matches no official SHA-256"
+    if digest not in official and not trust_pickle:
+        known = "no official SHA-256 is published" if not official else "it matches no official SHA-256"
         raise DatasetError(
             f"{path}: SHA-256 {digest}: {known}, and unpickling runs code stored in the file, "
             "so it was not loaded; if you trust this file, convert it with --trust-pickle"
@@ -56,7 +60,9 @@ def read_trusted_bytes(path: Path, trust_pickle: bool) -> tuple[bytes, str]:
     return data, digest
 
 
-def unpickle_frame(path: Path, data: bytes):
+def unpickle_frame(path: Path, data: bytes, columns: tuple[str, ...] = REQUIRED_COLUMNS):
+    """The pandas DataFrame pickled in `data` (gzipped for a .gz name), with every one of `columns`
+    and at least one row."""
     import pandas as pd
 
     if path.suffix == ".gz":
@@ -70,7 +76,7 @@ def unpickle_frame(path: Path, data: bytes):
         raise DatasetError(f"{path}: could not unpickle ({e!r})") from e
     if not isinstance(frame, pd.DataFrame):
         raise DatasetError(f"{path}: expected a pandas DataFrame, got {type(frame).__name__}")
-    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise DatasetError(f"{path}: the DataFrame has no {missing[0]!r} column (columns: {list(frame.columns)})")
     if frame.empty:

@@ -52,6 +52,7 @@ def run(cfg: RunConfig, engine=None) -> str:
     dataset = load_dataset(cfg.dataset)
     model = cfg.system.model_for(cfg.benchmark.name)
     check_token_ids(dataset, model)
+    check_input_lengths(cfg, dataset)
     if cfg.mode == "accuracy":
         check_scoring(cfg, dataset)
     if engine is not None:
@@ -163,9 +164,10 @@ def check_room(cfg: RunConfig, engine, dataset) -> None:
 
 
 def check_scoring(cfg: RunConfig, dataset) -> None:
-    """Before an accuracy run (gpt-oss-120b's takes hours), what its scoring will need: each sample's
-    reference text (summarization), or each sample's sub-dataset known to gpt-oss's script and,
-    where the set has LiveCodeBench samples, LiveCodeBench's problems named in the system file."""
+    """Before an accuracy run (gpt-oss-120b's and deepseek-r1's take hours), what its scoring will
+    need: each sample's reference text (summarization), or each sample's sub-dataset known to the
+    benchmark's script and, where the set has LiveCodeBench samples, LiveCodeBench's problems named
+    in the system file."""
     name = cfg.benchmark.name
     if cfg.benchmark.scorer == "summarization":
         if None in dataset.references:
@@ -174,20 +176,39 @@ def check_scoring(cfg: RunConfig, dataset) -> None:
                 f"text), which scoring {name}'s accuracy run needs"
             )
         return
+    from accuracy.deepseek_r1 import DeepSeekR1AccuracyError, dataset_subsets
     from accuracy.gpt_oss import GptOssAccuracyError, family_of, load_records
 
     try:
-        records = load_records(cfg.dataset)
-        families = {family_of(r["dataset"], f"{cfg.dataset}: sample {i}")[1] for i, r in enumerate(records)}
-    except GptOssAccuracyError as e:
+        if cfg.benchmark.scorer == "deepseek_r1":
+            families = dataset_subsets(cfg.dataset)
+        else:
+            records = load_records(cfg.dataset)
+            families = {family_of(r["dataset"], f"{cfg.dataset}: sample {i}")[1] for i, r in enumerate(records)}
+    except (GptOssAccuracyError, DeepSeekR1AccuracyError) as e:
         raise HarnessConfigError(str(e)) from None
     problems = cfg.system.accuracy_file(name, "lcb_problems")
     if "livecodebench" in families and (problems is None or not problems.exists()):
         raise HarnessConfigError(
             f"{cfg.dataset}: its LiveCodeBench samples are graded by running each problem's tests, so "
-            f"LiveCodeBench's release_v6 problems (livecodebench/code_generation_lite, test*.jsonl) must be "
+            f"LiveCodeBench's problems (livecodebench/code_generation_lite, test*.jsonl) must be "
             f"named as saaf_harness.datasets.{name}.lcb_problems"
             + (f"; {problems} does not exist" if problems is not None else "")
+        )
+
+
+def check_input_lengths(cfg: RunConfig, dataset) -> None:
+    """Every prompt within the benchmark's maximum input length, where it sets one (deepseek-r1:
+    3136 tokens a question and the reference's allowance of 4 for the chat template around it)."""
+    benchmark = cfg.benchmark
+    if benchmark.max_prompt_tokens is None:
+        return
+    longest = max(range(len(dataset)), key=lambda i: len(dataset.input_ids[i]))
+    if len(dataset.input_ids[longest]) > benchmark.max_prompt_tokens:
+        raise HarnessConfigError(
+            f"{dataset.path}: sample {longest} is {len(dataset.input_ids[longest])} tokens, over "
+            f"{benchmark.name}'s maximum input length ({benchmark.max_input_tokens} tokens and "
+            f"{benchmark.chat_template_tokens} for the chat template)"
         )
 
 
@@ -315,6 +336,15 @@ def score(cfg: RunConfig, dataset) -> tuple[dict, str]:
     if cfg.benchmark.scorer == "gpt_oss":
         lcb = cfg.system.accuracy_file(cfg.benchmark.name, "lcb_problems")
         result = score_gpt_oss(log, cfg.dataset, cfg.system.model_for(cfg.benchmark.name), out, lcb)
+        names = ("exact_match", "tokens_per_sample")
+    elif cfg.benchmark.scorer == "deepseek_r1":
+        # what `python -m accuracy.deepseek_r1 --mlperf-accuracy-file LOG --dataset D --tokenizer M
+        # --output-file accuracy.txt` writes: its report, ending as the reference prints its result
+        from accuracy.deepseek_r1 import write_accuracy_txt
+
+        lcb = cfg.system.accuracy_file(cfg.benchmark.name, "lcb_problems")
+        model = cfg.system.model_for(cfg.benchmark.name)
+        result = write_accuracy_txt(log, cfg.dataset, model, out, lcb_problems=lcb)
         names = ("exact_match", "tokens_per_sample")
     else:
         from accuracy.evaluate import evaluate_summarization

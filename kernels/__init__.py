@@ -2,10 +2,12 @@
 and sliding window, SwiGLU's activation, gpt-oss's mixture of experts), each as a PyTorch reference
 and (all but the activation) as our Triton kernel, one concept per module: rms_norm, rotary,
 kv_cache, decode_attention, prefill_attention, activation, fused_moe (with mxfp4, the experts'
-4-bit format); attention holds the step's metadata and the paged-attention op
-the model calls (the CPU one, and the dispatch to the decode or prefill kernel); rejection_sample
-is speculative decoding's verifier (exact rejection sampling of draft tokens). checks.py runs
-each kernel against its reference (for the tests and gpu_check.py, `make gpu-check`).
+4-bit format, and DeepSeek's FP8 experts), fp8 (FP8 weights: quantizers and the weight-only
+FP8 GEMM, which sut/model/fp8.py's linear calls directly); attention holds the step's metadata and
+the paged-attention op the model calls (the CPU one, and the dispatch to the decode or prefill
+kernel); rejection_sample is speculative decoding's verifier (exact rejection sampling of draft
+tokens). checks.py runs each kernel against its reference (for the tests and gpu_check.py, `make
+gpu-check`; fp8_checks.py those of the FP8 kernels).
 
 The model calls only the `KernelOps` set that `select_ops` picks, so the backend switch lives in one
 place: our Triton kernels on CUDA, and on CPU the op set of the engine's CPU backend (its C kernels,
@@ -19,6 +21,8 @@ from dataclasses import dataclass
 from kernels.activation import silu_and_mul_reference
 from kernels.attention import AttentionMetadata, paged_attention, paged_attention_triton
 from kernels.fused_moe import (
+    fused_moe_fp8_reference,
+    fused_moe_fp8_triton,
     fused_moe_mxfp4_reference,
     fused_moe_mxfp4_triton,
     fused_moe_reference,
@@ -41,11 +45,15 @@ class KernelOps:
     paged_attention: Callable  # (q, k, v, k_cache, v_cache, meta, scale, sinks=None, sliding_window=None) -> out
     silu_and_mul: Callable  # (gate_up) -> silu(gate) * up
     rejection_sample: Callable = rejection_sample_reference  # the verifier of speculative decoding (see its module)
-    # (x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, alpha, limit) -> out: gpt-oss's experts
+    # (x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, alpha, limit, activation="gpt_oss") -> out:
+    # gpt-oss's experts; activation="silu" (biases None) for DeepSeek's: silu(gate) * up over [gate | up]
     fused_moe: Callable = fused_moe_reference
     # (x, gate_up_blocks, gate_up_scales, b_gate_up, down_blocks, down_scales, b_down, topk_weights,
     # topk_ids, alpha, limit) -> out: the same from MXFP4 expert weights
     fused_moe_mxfp4: Callable = fused_moe_mxfp4_reference
+    # (x, w_gate_up, gate_up_scale_inv, w_down, down_scale_inv, topk_weights, topk_ids, block=128) -> out:
+    # DeepSeek's experts (silu, no biases) from FP8 weights [E, out, in] scaled per 128 x 128 block
+    fused_moe_fp8: Callable = fused_moe_fp8_reference
 
 
 TORCH_OPS = KernelOps(
@@ -69,6 +77,7 @@ TRITON_OPS = KernelOps(
     rejection_sample_triton,
     fused_moe_triton,
     fused_moe_mxfp4_triton,
+    fused_moe_fp8_triton,
 )
 
 KERNEL_SETTINGS = ("auto", "triton", "torch")

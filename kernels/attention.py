@@ -7,6 +7,11 @@ tokens start); sequence i has `seq_lens[i]` tokens in all, of which the last `qu
 this step's queries, so query row r of it sits at position `seq_lens[i] - query_lens[i] + r` and
 sees keys up to and including that position. One op serves prefill chunks and decodes alike.
 
+DeepSeek's MLA: V's head dim may be smaller than K's (and q's), K's dims being V's then a rope part
+(D_K = D_V + D_PE), with V a cache of its own (decompressed MLA: 192-dim keys, 128-dim values) or a
+view of the K cache's first D_V dims (absorbed MLA: one 576-dim entry a token, V = k_cache[..., :512]).
+The output has V's head dim.
+
 `paged_attention` is the PyTorch op the engine runs on CPU (planned per step for speed there);
 `paged_attention_triton` runs the Triton kernels (decode_attention.py, prefill_attention.py).
 """
@@ -40,6 +45,9 @@ class AttentionMetadata:
     # Where a model's sliding-window layers have blocks of their own: their slot mapping and block
     # tables, the rest as here (the model picks it for those layers).
     window: "AttentionMetadata | None" = field(default=None, repr=False)
+    # A model's own per-step plan (DeepSeek's latent attention: which rows it decompresses), built by
+    # its first layer and shared by the rest.
+    model_plan: object = field(default=None, repr=False)
 
     def __post_init__(self):
         # Once per step, not per layer: the Triton launchers size their grids and split the rows by these.
@@ -67,7 +75,9 @@ def paged_attention(
     """Causal attention of `q [num_tokens, num_heads, head_dim]` over each sequence's cached K/V.
 
     `k`, `v` are this step's new keys and values (already stored in the cache); a sequence with no
-    cached context attends to them directly instead of gathering them back from the pool.
+    cached context attends to them directly instead of gathering them back from the pool. `v` None:
+    the values are `k`'s first `v_cache.shape[-1]` dims (absorbed MLA, where V is a view of K). The
+    output `[num_tokens, num_heads, v_cache.shape[-1]]`.
     `decode_kernel(q, out, group, k_cache, v_cache, scale)`, when given, computes all the decodes
     (one `_DecodeGroup`) into `out` in place of SDPA (the CPU engine's C kernel, sut/cpu/ops.py).
     `sinks [num_heads]`: one logit per query head that joins each row's softmax denominator (not
@@ -75,14 +85,19 @@ def paged_attention(
     only; blocks wholly before the window are never read (the block manager may have reused them).
     """
     assert decode_kernel is None or (sinks is None and sliding_window is None), "the decode kernel has neither"
+    head_dim, v_dim = k_cache.shape[3], v_cache.shape[3]
+    if v_dim != head_dim:
+        decode_kernel = None  # it takes one head dim for K and V: MLA's decodes go to SDPA
+    if v is None and k is not None:
+        v = k[..., :v_dim]
     plans = meta.reference_plan
     if plans is None:
         plans = meta.reference_plan = {}
     if sliding_window not in plans:
         group = DECODE_GROUP if decode_kernel is None else None
         plans[sliding_window] = _plan(meta, k_cache.shape[1], q.device, group, sliding_window)
-    kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    out = torch.empty_like(q)
+    kv_heads = k_cache.shape[2]
+    out = q.new_empty(q.shape[0], q.shape[1], v_dim)
     for item in plans[sliding_window]:
         if isinstance(item, _DecodeGroup) and decode_kernel is not None:
             decode_kernel(q, out, item, k_cache, v_cache, scale)
@@ -90,7 +105,7 @@ def paged_attention(
         if isinstance(item, _DecodeGroup):
             n = len(item.q_rows)
             keys = _gather_blocks(k_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, : item.max_len]
-            values = _gather_blocks(v_cache, item.blocks).view(n, -1, kv_heads, head_dim)[:, : item.max_len]
+            values = _gather_blocks(v_cache, item.blocks).view(n, -1, kv_heads, v_dim)[:, : item.max_len]
             # GQA without copying K/V per query head: the query heads sharing a KV head become
             # that head's "query tokens" (kv head j serves query heads j*group .. (j+1)*group-1).
             queries, keys, values = (
@@ -102,7 +117,7 @@ def paged_attention(
             if sinks is not None:
                 keys, values, mask = _with_sink(keys, values, mask, sinks.view(1, kv_heads, -1, 1))
             o = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
-            out[item.q_rows] = o.reshape(n, -1, head_dim)
+            out[item.q_rows] = o.reshape(n, -1, v_dim)
             continue
         if item.blocks is None:
             keys, values = k[item.start : item.end], v[item.start : item.end]
@@ -135,11 +150,12 @@ def _with_sink(keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, sin
     zero key and value, its logit put in by the mask (SDPA adds a float mask to the scaled
     scores), so the sink only enlarges the softmax's denominator. `sinks` broadcasts as the
     mask's head and row dimensions do."""
-    pad = keys.new_zeros(*keys.shape[:-2], 1, keys.shape[-1])
+    key_pad = keys.new_zeros(*keys.shape[:-2], 1, keys.shape[-1])
+    value_pad = values.new_zeros(*values.shape[:-2], 1, values.shape[-1])
     bias = torch.zeros(mask.shape, dtype=keys.dtype, device=keys.device).masked_fill_(~mask, float("-inf"))
     rows = torch.broadcast_shapes(bias.shape[:-1], sinks.shape[:-1])
     bias = torch.cat((bias.expand(*rows, bias.shape[-1]), sinks.to(keys.dtype).expand(*rows, 1)), dim=-1)
-    return torch.cat((keys, pad), dim=-2), torch.cat((values, pad), dim=-2), bias
+    return torch.cat((keys, key_pad), dim=-2), torch.cat((values, value_pad), dim=-2), bias
 
 
 def paged_attention_triton(
@@ -158,7 +174,7 @@ def paged_attention_triton(
     contexts), the rest (prompts, chunks, verifications) on the prefill kernel, where a decode
     would fill a tile of up to 128 rows with its few heads. A one-token query further on is still
     right there, only slower. `sinks` and `sliding_window` (gpt-oss) go to both kernels as they
-    are: see decode_attention.py."""
+    are: see decode_attention.py. MLA's head dims as for `paged_attention` (`k`, `v` unused)."""
     d, n = meta.num_decodes, len(meta.query_lens_host)
     extras = dict(sinks=sinks, sliding_window=sliding_window)
     if d == n:
@@ -169,7 +185,7 @@ def paged_attention_triton(
         return prefill_attention_triton(
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, scale, **extras
         )
-    out = torch.empty_like(q)
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     decode_attention_triton(
         q[:d],
         k_cache,

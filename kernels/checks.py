@@ -56,10 +56,14 @@ def random_paged_cache(
     dtype: torch.dtype,
     device,
     generator: torch.Generator,
+    v_head_dim: int | None = None,
+    shared_kv: bool = False,
 ):
     """K and V caches `[num_blocks, block_size, num_kv_heads, head_dim]` of random values and block
     tables that scatter each sequence's blocks over the pool in random order (plus spare blocks no
-    one owns, and a zero-padded last column as the engine pads its tables)."""
+    one owns, and a zero-padded last column as the engine pads its tables). MLA: `v_head_dim`, V's
+    own head dim (K's being `head_dim`); `shared_kv`, V is the view `k_cache[..., :v_head_dim]`
+    (absorbed MLA's one entry a token) instead of a cache of its own."""
     blocks_per_seq = [-(-n // block_size) for n in seq_lens]
     num_blocks = sum(blocks_per_seq) + 3
     order = torch.randperm(num_blocks, generator=generator).tolist()
@@ -70,7 +74,10 @@ def random_paged_cache(
         taken += n
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
     k_cache = _randn(generator, *shape, dtype=dtype, device=device)
-    v_cache = _randn(generator, *shape, dtype=dtype, device=device)
+    if shared_kv:
+        v_cache = k_cache[..., :v_head_dim]
+    else:
+        v_cache = _randn(generator, *shape[:3], v_head_dim or head_dim, dtype=dtype, device=device)
     return k_cache, v_cache, block_tables.to(device)
 
 
@@ -117,12 +124,17 @@ def check_decode_attention(
     seed: int = 0,
     sinks: bool = False,
     sliding_window: int | None = None,
+    v_head_dim: int | None = None,
+    shared_kv: bool = False,
+    block_h: int | None = None,
 ):
     """`sinks`: random ones (`random_sinks`); `sliding_window`: with the blocks before each window
-    freed and filled with NaN (`free_blocks_before_window`)."""
+    freed and filled with NaN (`free_blocks_before_window`). MLA: `head_dim` is K's (and q's),
+    `v_head_dim` V's, `shared_kv` V a view of K (`random_paged_cache`). `block_h`: query heads a
+    program, for the launcher."""
     g = torch.Generator().manual_seed(seed)
     k_cache, v_cache, block_tables = random_paged_cache(
-        context_lens, num_kv_heads, head_dim, block_size, dtype, device, g
+        context_lens, num_kv_heads, head_dim, block_size, dtype, device, g, v_head_dim, shared_kv
     )
     q = _randn(g, len(context_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     lens = torch.tensor(context_lens, dtype=torch.int32, device=device)
@@ -132,7 +144,7 @@ def check_decode_attention(
     )
     extras = dict(sinks=sink_logits, sliding_window=sliding_window)
     got = decode_attention_triton(
-        q, k_cache, v_cache, block_tables, lens, scale, max(context_lens), num_splits, **extras
+        q, k_cache, v_cache, block_tables, lens, scale, max(context_lens), num_splits, block_h=block_h, **extras
     )
     want = decode_attention_reference(
         q.float(), k_cache.float(), v_cache.float(), block_tables, lens, scale, **_fp32(extras)
@@ -152,13 +164,17 @@ def check_prefill_attention(
     seed: int = 0,
     sinks: bool = False,
     sliding_window: int | None = None,
+    v_head_dim: int | None = None,
+    shared_kv: bool = False,
     **tiles,
 ):
     """`seq_lens[i] - query_lens[i]` tokens of sequence i are cached context (chunked prefill); its
     query tokens follow them. `tiles`: block_m / block_n for the launcher. `sinks`,
-    `sliding_window`: as for `check_decode_attention`."""
+    `sliding_window`, `v_head_dim`, `shared_kv`: as for `check_decode_attention`."""
     g = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, block_tables = random_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g)
+    k_cache, v_cache, block_tables = random_paged_cache(
+        seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g, v_head_dim, shared_kv
+    )
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
@@ -201,12 +217,17 @@ def check_mixed_step_attention(
     seed: int = 0,
     sinks: bool = False,
     sliding_window: int | None = None,
+    v_head_dim: int | None = None,
+    shared_kv: bool = False,
 ):
     """A whole step through `paged_attention_triton`, as the model calls it: its leading one-token
     rows on the decode kernel, the others on the prefill kernel, against the prefill reference for
-    all of them. `sinks`, `sliding_window`: as for `check_decode_attention`."""
+    all of them. `sinks`, `sliding_window`, `v_head_dim`, `shared_kv`: as for
+    `check_decode_attention`."""
     g = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, block_tables = random_paged_cache(seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g)
+    k_cache, v_cache, block_tables = random_paged_cache(
+        seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g, v_head_dim, shared_kv
+    )
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
@@ -226,22 +247,45 @@ def check_mixed_step_attention(
 
 
 def check_store_kvcache(
-    num_tokens: int, num_kv_heads: int, head_dim: int, block_size: int, dtype: torch.dtype, device, seed: int = 0
+    num_tokens: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    seed: int = 0,
+    v_head_dim: int | None = None,
+    keys_only: bool = False,
 ):
     """Tokens written to random distinct slots, every third one skipped (slot -1); the caches
-    start random, so a write to a wrong slot or a skipped one shows."""
+    start random, so a write to a wrong slot or a skipped one shows. MLA: `v_head_dim`, V's own
+    head dim (a V cache of its own); `keys_only`, K alone is stored (`v` None; V is the view
+    `k_cache[..., :v_head_dim]`). The caches come back flattened into one row."""
     g = torch.Generator().manual_seed(seed)
     num_blocks = -(-num_tokens // block_size) + 2
     slots = torch.randperm(num_blocks * block_size, generator=g)[:num_tokens]
     slots[::3] = -1
-    k = _randn(g, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
-    v = _randn(g, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
-    caches = _randn(g, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-    got, want = caches.clone(), caches.float()
     slots = slots.to(device)
-    store_kvcache_triton(k, v, got[0], got[1], slots)
-    store_kvcache_reference(k.float(), v.float(), want[0], want[1], slots)
-    return got.float(), want
+    k = _randn(g, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
+    if v_head_dim is None and not keys_only:
+        v = _randn(g, num_tokens, num_kv_heads, head_dim, dtype=dtype, device=device)
+        caches = _randn(g, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        got, want = caches.clone(), caches.float()
+        store_kvcache_triton(k, v, got[0], got[1], slots)
+        store_kvcache_reference(k.float(), v.float(), want[0], want[1], slots)
+        return got.float(), want
+    k_cache = _randn(g, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    got_k, want_k = k_cache.clone(), k_cache.float()
+    if keys_only:
+        store_kvcache_triton(k, None, got_k, got_k[..., :v_head_dim], slots)
+        store_kvcache_reference(k.float(), None, want_k, want_k[..., :v_head_dim], slots)
+        return got_k.float().flatten(), want_k.flatten()
+    v = _randn(g, num_tokens, num_kv_heads, v_head_dim, dtype=dtype, device=device)
+    v_cache = _randn(g, num_blocks, block_size, num_kv_heads, v_head_dim, dtype=dtype, device=device)
+    got_v, want_v = v_cache.clone(), v_cache.float()
+    store_kvcache_triton(k, v, got_k, got_v, slots)
+    store_kvcache_reference(k.float(), v.float(), want_k, want_v, slots)
+    return torch.cat((got_k.flatten(), got_v.flatten())).float(), torch.cat((want_k.flatten(), want_v.flatten()))
 
 
 def check_rms_norm(num_rows: int, hidden: int, dtype: torch.dtype, device, with_residual: bool, seed: int = 0):
@@ -295,15 +339,21 @@ def ragged_lengths(block_size: int) -> list[int]:
 
 
 def attention_flops(
-    query_lens: list[int], seq_lens: list[int], num_q_heads: int, head_dim: int, sliding_window: int | None = None
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_q_heads: int,
+    head_dim: int,
+    sliding_window: int | None = None,
+    v_head_dim: int | None = None,
 ) -> float:
-    """Causal attention FLOPs: two matmuls (QK^T, PV) of 2 FLOPs per multiply-add over each query
-    row's visible keys (with a sliding window W, at most W of them)."""
+    """Causal attention FLOPs: two matmuls (QK^T over `head_dim`, PV over `v_head_dim`, by default
+    the same) of 2 FLOPs per multiply-add over each query row's visible keys (with a sliding window
+    W, at most W of them)."""
     if sliding_window is None:
         visible = sum(q * (s - q) + q * (q + 1) / 2 for q, s in zip(query_lens, seq_lens))
     else:
         visible = sum(min(p + 1, sliding_window) for q, s in zip(query_lens, seq_lens) for p in range(s - q, s))
-    return 4.0 * visible * num_q_heads * head_dim
+    return 2.0 * visible * num_q_heads * (head_dim + (v_head_dim or head_dim))
 
 
 def dyadic_probs(logits: torch.Tensor) -> torch.Tensor:

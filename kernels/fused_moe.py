@@ -1,7 +1,9 @@
-"""gpt-oss's mixture-of-experts MLP after the router: each token's top-k experts, each a gated MLP
-with biases and gpt-oss's clamped SwiGLU, weighted by the router's softmax weights and summed. A
-PyTorch reference (the CPU engine runs it) and a Triton grouped GEMM (vLLM's fused_moe idea), for
-dense expert weights and for the checkpoint's MXFP4 ones decoded inside the kernel.
+"""The mixture-of-experts MLP after the router: each token's top-k experts, each a gated MLP,
+weighted by the router's weights and summed. gpt-oss's experts have biases and a clamped SwiGLU
+over interleaved gate/up columns; DeepSeek's (`activation="silu"`) have no biases and
+`silu(gate) * up` over the gate half and the up half. A PyTorch reference (the CPU engine runs it)
+and a Triton grouped GEMM (vLLM's fused_moe idea), for dense expert weights, for gpt-oss's MXFP4
+ones and for DeepSeek's block-scaled FP8 ones, both decoded inside the kernel.
 
 Per (token t, slot j) with expert e = topk_ids[t, j], as transformers' GptOssExperts computes it:
 
@@ -10,12 +12,21 @@ Per (token t, slot j) with expert e = topk_ids[t, j], as transformers' GptOssExp
     act = gate * sigmoid(gate * alpha) * (up + 1)          # [I]
     out[t] += topk_weights[t, j] * (act @ w_down[e] + b_down[e])
 
-Layouts. Dense (transformers' parameters): `w_gate_up [E, H, 2I]` (gate in the even columns, up in
-the odd ones), `b_gate_up [E, 2I]`, `w_down [E, I, H]`, `b_down [E, H]`; any strides, so a
+With `activation="silu"` (DeepSeek-V3/R1, as transformers' DeepseekV3 experts compute it):
+
+    gate, up = (x[t] @ w_gate_up[e]).chunk(2)              # [2I]: gate HALF, then up half
+    out[t] += topk_weights[t, j] * ((silu(gate) * up) @ w_down[e])
+
+Layouts. Dense (transformers' parameters): `w_gate_up [E, H, 2I]` (gpt-oss: gate in the even
+columns, up in the odd ones; silu: gate in the first I, up in the last I), `b_gate_up [E, 2I]`,
+`w_down [E, I, H]`, `b_down [E, H]` (biases may be None); any strides, so a
 transposed view of `[E, 2I, H]` weights (K-contiguous, the checkpoint's orientation, and the
 better one for the kernel's loads) works as well. MXFP4 (the checkpoint, see kernels/mxfp4.py):
 `gate_up_blocks [E, 2I, H/32, 16]`, `gate_up_scales [E, 2I, H/32]`, `down_blocks [E, H, I/32, 16]`,
 `down_scales [E, H, I/32]`, i.e. `[out, in]`, transposed relative to the dense layout; contiguous.
+FP8 (DeepSeek's checkpoint, see kernels/fp8.py): `w_gate_up` float8_e4m3fn `[E, 2I, H]` with
+`scale_inv [E, ceil(2I/128), ceil(H/128)]` fp32, `w_down [E, H, I]` with `[E, ceil(H/128),
+ceil(I/128)]`: nn.Linear's `[out, in]` per expert, one scale per 128 x 128 block; silu, no biases.
 `topk_weights [T, k]` (fp32 from the router), `topk_ids [T, k]` (any int dtype).
 
 The Triton path (no host syncs, so it can be captured in a CUDA graph):
@@ -25,14 +36,17 @@ The Triton path (no host syncs, so it can be captured in a CUDA graph):
    bound on the padded length; programs past the real length return at once).
 2. `_fused_moe_kernel`, launch 1: per (M-block, N-block), rows of x gathered through
    `slot // k`, the expert's weights through `expert_ids[block]`; gate and up as two accumulators
-   (columns 2n and 2n+1), the bias and the clamped SwiGLU fused; writes `act [T*k, I]` by slot.
+   (columns 2n and 2n+1 for gpt-oss, n and I+n for silu), the bias and the activation fused;
+   writes `act [T*k, I]` by slot.
 3. Launch 2: `act @ w_down[e] + b_down[e]`, times the slot's routing weight, to `[T*k, H]` fp32 by
    slot (each slot written by exactly one program: no atomics), then a sum over k.
 
 In the MXFP4 variant the K loop decodes a `[BLOCK_K, BLOCK_N]` weight tile from packed bytes and
 scales (`kernels.mxfp4.mxfp4_weight_tiles`) as two half tiles, the even k and the odd k, and
 multiplies them with the even and odd columns of the activation tile; the decoded values are exact
-in bf16, so the dot runs on bf16 tensor cores with the dense path's numerics.
+in bf16, so the dot runs on bf16 tensor cores with the dense path's numerics. In the FP8 variant
+the K loop converts each FP8 tile to the activations' dtype (exact) and multiplies each K step's
+fp32 product by its 128 x 128 block's scale (per output column; BLOCK_K divides 128).
 """
 
 from collections.abc import Callable
@@ -41,11 +55,21 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.fp8 import FP8_BLOCK, FP8_DTYPE, dequantize_fp8
 from kernels.mxfp4 import MXFP4_BLOCK, dequantize_mxfp4, mxfp4_weight_tiles
 from kernels.triton_utils import check_dot_dim, upcast_dot_operands
 
 SWIGLU_ALPHA = 1.702
 SWIGLU_LIMIT = 7.0
+# The experts' activations: gpt-oss's clamped SwiGLU over interleaved gate/up columns, and
+# silu(gate) * up over the gate half and the up half (DeepSeek); the kernel's codes for them.
+ACTIVATIONS = {"gpt_oss": 1, "silu": 2}
+
+
+def _activation_code(activation: str) -> int:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {activation!r}")
+    return ACTIVATIONS[activation]
 
 
 def _check_routing(x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> None:
@@ -67,12 +91,12 @@ def _check_dense(x, w_gate_up, b_gate_up, w_down, b_down) -> tuple[int, int, int
     num_experts, hidden, two_i = w_gate_up.shape
     expected = {
         "x": (x.shape, (x.shape[0], hidden)),
-        "b_gate_up": (b_gate_up.shape, (num_experts, two_i)),
+        "b_gate_up": (None if b_gate_up is None else b_gate_up.shape, (num_experts, two_i)),
         "w_down": (w_down.shape, (num_experts, two_i // 2, hidden)),
-        "b_down": (b_down.shape, (num_experts, hidden)),
+        "b_down": (None if b_down is None else b_down.shape, (num_experts, hidden)),
     }
     for name, (got, want) in expected.items():
-        if tuple(got) != want:
+        if got is not None and tuple(got) != want:
             raise ValueError(f"{name} must be {list(want)} for w_gate_up {list(w_gate_up.shape)}, got {list(got)}")
     return num_experts, hidden, two_i // 2
 
@@ -105,6 +129,34 @@ def _check_mxfp4_experts(x, gate_up_blocks, gate_up_scales, b_gate_up, down_bloc
     return num_experts, hidden, intermediate
 
 
+def _check_fp8_experts(x, w_gate_up, gate_up_scale_inv, w_down, down_scale_inv, block) -> tuple[int, int, int]:
+    """(E, H, I) of block-scaled FP8 expert weights (`[E, out, in]`), with every shape and dtype checked."""
+    for name, t in (("w_gate_up", w_gate_up), ("w_down", w_down)):
+        if t.dtype != FP8_DTYPE or t.dim() != 3:
+            raise ValueError(f"{name} must be float8_e4m3fn [experts, out, in], got {t.dtype} {list(t.shape)}")
+    if w_gate_up.shape[1] % 2:
+        raise ValueError(f"w_gate_up must be [experts, 2 * intermediate, hidden], got {list(w_gate_up.shape)}")
+    num_experts, two_i, hidden = w_gate_up.shape
+    intermediate = two_i // 2
+
+    def blocks(n):
+        return -(-n // block)
+
+    expected = {
+        "x": (x.shape, (x.shape[0], hidden)),
+        "gate_up_scale_inv": (gate_up_scale_inv.shape, (num_experts, blocks(two_i), blocks(hidden))),
+        "w_down": (w_down.shape, (num_experts, hidden, intermediate)),
+        "down_scale_inv": (down_scale_inv.shape, (num_experts, blocks(hidden), blocks(intermediate))),
+    }
+    for name, (got, want) in expected.items():
+        if tuple(got) != want:
+            raise ValueError(f"{name} must be {list(want)} for w_gate_up {list(w_gate_up.shape)}, got {list(got)}")
+    for name, t in (("gate_up_scale_inv", gate_up_scale_inv), ("down_scale_inv", down_scale_inv)):
+        if t.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, got {t.dtype}")
+    return num_experts, hidden, intermediate
+
+
 # PyTorch reference
 
 
@@ -117,22 +169,33 @@ def swiglu_reference(gate_up: torch.Tensor, alpha: float = SWIGLU_ALPHA, limit: 
     return (up + 1) * glu
 
 
+def silu_halves_reference(gate_up: torch.Tensor) -> torch.Tensor:
+    """DeepSeek's activation on `[..., 2I]` = [gate | up]: silu(gate) * up."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def _activation_fn(activation: str, alpha: float, limit: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    if _activation_code(activation) == ACTIVATIONS["silu"]:
+        return silu_halves_reference
+    return lambda gate_up: swiglu_reference(gate_up, alpha, limit)
+
+
 def _experts_reference(
     x: torch.Tensor,
     gate_up_of: Callable[[int], torch.Tensor],
-    b_gate_up: torch.Tensor,
+    b_gate_up: torch.Tensor | None,
     down_of: Callable[[int], torch.Tensor],
-    b_down: torch.Tensor,
+    b_down: torch.Tensor | None,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     num_experts: int,
-    alpha: float,
-    limit: float,
+    act: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """The loop over the experts that are hit, as transformers' grouped_mm path runs it: the slots
-    sorted by expert, per expert `rows @ W + b`, the activation, `@ Wd + bd`, times the routing
-    weight; the slots back in (token, k) order and summed over k in the product's dtype (fp32 with
-    the router's fp32 weights). One host sync (the per-expert counts)."""
+    sorted by expert, per expert `rows @ W + b`, the activation `act`, `@ Wd + bd`, times the
+    routing weight; the slots back in (token, k) order and summed over k in the product's dtype (fp32
+    with the router's fp32 weights). Biases may be None. One host sync (the per-expert counts)."""
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1).long()
     if flat_ids.numel() and not 0 <= int(flat_ids.min()) <= int(flat_ids.max()) < num_experts:
@@ -149,9 +212,12 @@ def _experts_reference(
         if count == 0:
             continue
         end = start + count
-        gate_up = rows[start:end] @ gate_up_of(expert) + b_gate_up[expert]
-        act = swiglu_reference(gate_up, alpha, limit)
-        y = act @ down_of(expert) + b_down[expert]
+        gate_up = rows[start:end] @ gate_up_of(expert)
+        if b_gate_up is not None:
+            gate_up = gate_up + b_gate_up[expert]
+        y = act(gate_up) @ down_of(expert)
+        if b_down is not None:
+            y = y + b_down[expert]
         out[order[start:end]] = y * weights[start:end]
         start = end
     return out.view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
@@ -167,9 +233,11 @@ def fused_moe_reference(
     topk_ids: torch.Tensor,
     alpha: float = SWIGLU_ALPHA,
     limit: float = SWIGLU_LIMIT,
+    activation: str = "gpt_oss",
 ) -> torch.Tensor:
     """`[T, H]` in x's dtype; computes in the weights' dtype (as transformers does), so give it
-    fp32 tensors for an fp32 reference."""
+    fp32 tensors for an fp32 reference. `activation`: "gpt_oss" (alpha, limit) or "silu"; the
+    biases may be None."""
     _check_routing(x, topk_weights, topk_ids)
     num_experts, _, _ = _check_dense(x, w_gate_up, b_gate_up, w_down, b_down)
     return _experts_reference(
@@ -181,8 +249,7 @@ def fused_moe_reference(
         topk_weights,
         topk_ids,
         num_experts,
-        alpha,
-        limit,
+        _activation_fn(activation, alpha, limit),
     )
 
 
@@ -214,8 +281,35 @@ def fused_moe_mxfp4_reference(
         topk_weights,
         topk_ids,
         num_experts,
-        alpha,
-        limit,
+        _activation_fn("gpt_oss", alpha, limit),
+    )
+
+
+def fused_moe_fp8_reference(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    gate_up_scale_inv: torch.Tensor,
+    w_down: torch.Tensor,
+    down_scale_inv: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block: int = FP8_BLOCK,
+) -> torch.Tensor:
+    """DeepSeek's experts (silu, no biases) from block-scaled FP8 weights `[E, out, in]`, each hit
+    expert dequantized (in fp32, then to x's dtype) and transposed to the dense `[in, out]` layout:
+    `fused_moe_reference(..., activation="silu")` on those weights. fp32 x for an fp32 reference."""
+    _check_routing(x, topk_weights, topk_ids)
+    num_experts, _, _ = _check_fp8_experts(x, w_gate_up, gate_up_scale_inv, w_down, down_scale_inv, block)
+    return _experts_reference(
+        x,
+        lambda e: dequantize_fp8(w_gate_up[e], gate_up_scale_inv[e], block, x.dtype).T,
+        None,
+        lambda e: dequantize_fp8(w_down[e], down_scale_inv[e], block, x.dtype).T,
+        None,
+        topk_weights,
+        topk_ids,
+        num_experts,
+        silu_halves_reference,
     )
 
 
@@ -289,6 +383,7 @@ def _fused_moe_kernel(
     stride_bn,
     stride_se,
     stride_sn,
+    stride_sk,
     stride_bias_e,
     stride_bias_n,
     stride_cm,
@@ -296,9 +391,11 @@ def _fused_moe_kernel(
     alpha,
     limit,
     TOP_K: tl.constexpr,
-    SWIGLU: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     MUL_ROUTED_WEIGHT: tl.constexpr,
     MXFP4: tl.constexpr,
+    FP8_BLOCK: tl.constexpr,
     UPCAST_DOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -306,10 +403,12 @@ def _fused_moe_kernel(
     GROUP_M: tl.constexpr,
 ):
     """C[slot, n] for the slots of one M-block (one expert) and BLOCK_N outputs n < N. Rows of A
-    are `slot // TOP_K`. Dense B is `[E, K, *]` by strides; MXFP4 B is `[E, rows, K/2]` bytes with
-    scales `[E, rows, K/32]`. SWIGLU: output n reads B's columns (rows for MXFP4) 2n (gate) and
-    2n + 1 (up), adds their biases and applies the clamped SwiGLU; else output n is column n, plus
-    its bias, times the slot's routing weight if MUL_ROUTED_WEIGHT."""
+    are `slot // TOP_K`. Dense B is `[E, K, *]` by strides (FP8 B too, with FP8_BLOCK the scale
+    block and scales `[E, rows / FP8_BLOCK, K / FP8_BLOCK]`); MXFP4 B is `[E, rows, K/2]` bytes with
+    scales `[E, rows, K/32]`. ACTIVATION 1 (gpt-oss): output n reads B's columns (rows for MXFP4) 2n
+    (gate) and 2n + 1 (up), adds their biases and applies the clamped SwiGLU; 2 (silu): columns n
+    (gate) and N + n (up), silu(gate) * up; 0: output n is column n, plus its bias, times the slot's
+    routing weight if MUL_ROUTED_WEIGHT. HAS_BIAS: whether there are biases."""
     # Grouped order: GROUP_M M-blocks share each N-block's weights while they are in L2.
     pid = tl.program_id(0)
     num_n_blocks = tl.cdiv(N, BLOCK_N)
@@ -327,12 +426,14 @@ def _fused_moe_kernel(
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    if SWIGLU:
+    if ACTIVATION == 1:
         cols = 2 * offs_n  # gate; up is the next column
+        up_cols = cols + 1
     else:
         cols = offs_n
+        up_cols = offs_n + N  # silu's up half (unread without an activation)
     b_expert = b_ptr + expert * stride_be
-    scales_expert = scales_ptr + expert * stride_se  # MXFP4 only
+    scales_expert = scales_ptr + expert * stride_se  # MXFP4 and FP8 only
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     a_row_ptrs = a_ptr + a_rows[:, None] * stride_am
@@ -350,9 +451,9 @@ def _fused_moe_kernel(
             )
             acc = tl.dot(a_even, w_even.to(a_even.dtype), acc, input_precision="ieee")
             acc = tl.dot(a_odd, w_odd.to(a_odd.dtype), acc, input_precision="ieee")
-            if SWIGLU:
+            if ACTIVATION != 0:
                 w_even, w_odd = mxfp4_weight_tiles(
-                    b_expert, scales_expert, cols + 1, n_mask, k0, K, stride_bn, stride_sn, BLOCK_K
+                    b_expert, scales_expert, up_cols, n_mask, k0, K, stride_bn, stride_sn, BLOCK_K
                 )
                 acc_up = tl.dot(a_even, w_even.to(a_even.dtype), acc_up, input_precision="ieee")
                 acc_up = tl.dot(a_odd, w_odd.to(a_odd.dtype), acc_up, input_precision="ieee")
@@ -360,25 +461,38 @@ def _fused_moe_kernel(
             offs_k = k0 + tl.arange(0, BLOCK_K)
             k_mask = offs_k < K
             a = tl.load(a_row_ptrs + offs_k[None, :] * stride_ak, mask=slot_mask[:, None] & k_mask[None, :], other=0.0)
-            b_mask = k_mask[:, None] & n_mask[None, :]
-            b_ptrs = b_expert + offs_k[:, None] * stride_bk + cols[None, :] * stride_bn
-            b = tl.load(b_ptrs, mask=b_mask, other=0.0)
             if UPCAST_DOT:
-                a, b = a.to(tl.float32), b.to(tl.float32)
-            acc = tl.dot(a, b, acc, input_precision="ieee")
-            if SWIGLU:
-                b_up = tl.load(b_ptrs + stride_bn, mask=b_mask, other=0.0)
-                if UPCAST_DOT:
-                    b_up = b_up.to(tl.float32)
-                acc_up = tl.dot(a, b_up, acc_up, input_precision="ieee")
+                a = a.to(tl.float32)
+            b_mask = k_mask[:, None] & n_mask[None, :]
+            b_k = b_expert + offs_k[:, None] * stride_bk
+            # FP8 to a's dtype is exact; dense weights already have it (or are upcast with it).
+            b = tl.load(b_k + cols[None, :] * stride_bn, mask=b_mask, other=0.0).to(a.dtype)
+            if FP8_BLOCK:
+                # One scale per output column for this K step (BLOCK_K divides FP8_BLOCK).
+                scales_k = scales_expert + (k0 // FP8_BLOCK) * stride_sk
+                s = tl.load(scales_k + (cols // FP8_BLOCK) * stride_sn, mask=n_mask, other=0.0)
+                acc += tl.dot(a, b, input_precision="ieee") * s[None, :]
+            else:
+                acc = tl.dot(a, b, acc, input_precision="ieee")
+            if ACTIVATION != 0:
+                b_up = tl.load(b_k + up_cols[None, :] * stride_bn, mask=b_mask, other=0.0).to(a.dtype)
+                if FP8_BLOCK:
+                    s_up = tl.load(scales_k + (up_cols // FP8_BLOCK) * stride_sn, mask=n_mask, other=0.0)
+                    acc_up += tl.dot(a, b_up, input_precision="ieee") * s_up[None, :]
+                else:
+                    acc_up = tl.dot(a, b_up, acc_up, input_precision="ieee")
 
-    bias_ptrs = bias_ptr + expert * stride_bias_e + cols * stride_bias_n
-    acc += tl.load(bias_ptrs, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-    if SWIGLU:
-        acc_up += tl.load(bias_ptrs + stride_bias_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if HAS_BIAS:
+        bias_expert = bias_ptr + expert * stride_bias_e
+        acc += tl.load(bias_expert + cols * stride_bias_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        if ACTIVATION != 0:
+            acc_up += tl.load(bias_expert + up_cols * stride_bias_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if ACTIVATION == 1:
         gate = tl.minimum(acc, limit)
         up = tl.minimum(tl.maximum(acc_up, -limit), limit)
         acc = (up + 1.0) * (gate * tl.sigmoid(gate * alpha))
+    elif ACTIVATION == 2:
+        acc = acc * tl.sigmoid(acc) * acc_up
     if MUL_ROUTED_WEIGHT:
         routed = tl.load(topk_weights_ptr + slots, mask=slot_mask, other=0.0).to(tl.float32)
         acc = acc * routed[:, None]
@@ -387,11 +501,11 @@ def _fused_moe_kernel(
 
 
 def moe_tile_config(num_slots: int, num_experts: int, dtype: torch.dtype, mxfp4: bool) -> dict:
-    """Tile sizes for `fused_moe_triton`: few slots per expert (decode) get 16-row tiles, narrow
-    N tiles (more programs to stream the few experts' weights: at one token, 4 experts x 90
+    """Tile sizes for the fused MoE launchers: few slots per expert (decode) get 16-row tiles,
+    narrow N tiles (more programs to stream the few experts' weights: at one token, 4 experts x 90
     N-blocks) and long K steps; many slots per expert get 64 x 64 tiles. fp32 operands get smaller
-    tiles (shared memory). `mxfp4` is there for tuning; the same tiles serve both today. Untuned:
-    the GPU check's benchmark is where to tune them."""
+    tiles (shared memory). `mxfp4` is there for tuning; the same tiles serve both today, and FP8
+    (every block_k here divides its 128). Untuned: the GPU check's benchmark is where to tune them."""
     per_expert = num_slots / max(1, num_experts)
     if dtype == torch.float32:
         config = dict(block_m=16 if per_expert <= 16 else 32, block_n=32, block_k=32, num_stages=2)
@@ -406,7 +520,7 @@ def _launch(
     a: torch.Tensor,
     b: torch.Tensor,
     scales: torch.Tensor | None,
-    bias: torch.Tensor,
+    bias: torch.Tensor | None,
     c: torch.Tensor,
     topk_weights: torch.Tensor | None,
     routing: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
@@ -414,30 +528,38 @@ def _launch(
     k: int,
     num_slots: int,
     top_k: int,
-    swiglu: bool,
+    activation: int,
     config: dict,
     alpha: float,
     limit: float,
+    fmt: str,
+    fp8_block: int = 0,
 ) -> None:
+    """One launch of `_fused_moe_kernel`. `fmt`: "dense" (`b [E, K, N']` by strides), "mxfp4"
+    (`b` blocks `[E, N', K/32, 16]` with `scales`) or "fp8" (`b [E, N', K]` with block `scales`);
+    `activation`: the kernel's code (0 none, else ACTIVATIONS')."""
     sorted_token_ids, expert_ids, num_tokens_post_padded = routing
     num_m_blocks = expert_ids.numel()
-    mxfp4 = scales is not None
-    if mxfp4:
+    if fmt == "mxfp4":
         bytes_ = b.flatten(2)  # [E, rows, K/2]
         scales = scales.flatten(2) if scales.dim() > 3 else scales
         assert bytes_.stride(2) == 1 and scales.stride(2) == 1, "MXFP4 blocks and scales must be contiguous"
         b_strides = (bytes_.stride(0), 1, bytes_.stride(1))
-        s_strides = (scales.stride(0), scales.stride(1))
+        s_strides = (scales.stride(0), scales.stride(1), 1)
         b = bytes_
+    elif fmt == "fp8":
+        b_strides = (b.stride(0), b.stride(2), b.stride(1))  # [E, out, in]: k runs along the last dim
+        s_strides = (scales.stride(0), scales.stride(1), scales.stride(2))
     else:
         b_strides = (b.stride(0), b.stride(1), b.stride(2))
-        s_strides = (0, 0)
+        s_strides = (0, 0, 0)
+    bias_strides = (bias.stride(0), bias.stride(1)) if bias is not None else (0, 0)
     grid = (num_m_blocks * triton.cdiv(n, config["block_n"]),)
     _fused_moe_kernel[grid](
         a,
         b,
-        scales if mxfp4 else b,  # not read when dense
-        bias,
+        scales if scales is not None else b,  # not read when dense
+        bias if bias is not None else c,  # not read without HAS_BIAS
         c,
         topk_weights if topk_weights is not None else c,  # not read without MUL_ROUTED_WEIGHT
         sorted_token_ids,
@@ -451,16 +573,17 @@ def _launch(
         a.stride(1),
         *b_strides,
         *s_strides,
-        bias.stride(0),
-        bias.stride(1),
+        *bias_strides,
         c.stride(0),
         c.stride(1),
         alpha,
         limit,
         TOP_K=top_k,
-        SWIGLU=swiglu,
+        ACTIVATION=activation,
+        HAS_BIAS=bias is not None,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
-        MXFP4=mxfp4,
+        MXFP4=fmt == "mxfp4",
+        FP8_BLOCK=fp8_block if fmt == "fp8" else 0,
         UPCAST_DOT=upcast_dot_operands(a.dtype),
         BLOCK_M=config["block_m"],
         BLOCK_N=config["block_n"],
@@ -472,15 +595,32 @@ def _launch(
 
 
 def _fused_moe(
-    x, gate_up, gate_up_scales, b_gate_up, down, down_scales, b_down, topk_weights, topk_ids, dims, alpha, limit, config
+    x,
+    fmt,
+    gate_up,
+    gate_up_scales,
+    b_gate_up,
+    down,
+    down_scales,
+    b_down,
+    topk_weights,
+    topk_ids,
+    dims,
+    activation,
+    alpha,
+    limit,
+    config,
+    fp8_block=0,
 ) -> torch.Tensor:
     num_experts, hidden, intermediate = dims
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
-    mxfp4 = gate_up_scales is not None
+    mxfp4 = fmt == "mxfp4"
     config = moe_tile_config(num_slots, num_experts, x.dtype, mxfp4) | (config or {})
     if mxfp4 and config["block_k"] % MXFP4_BLOCK:
         raise ValueError(f"block_k must be a multiple of {MXFP4_BLOCK} for MXFP4, got {config['block_k']}")
+    if fmt == "fp8" and fp8_block % config["block_k"]:
+        raise ValueError(f"block_k must divide the FP8 scale block {fp8_block}, got {config['block_k']}")
     for name in ("block_m", "block_n", "block_k"):
         check_dot_dim(name, config[name] // 2 if name == "block_k" and mxfp4 else config[name])
     if x.stride(-1) != 1:
@@ -489,6 +629,8 @@ def _fused_moe(
         return torch.empty(0, hidden, dtype=x.dtype, device=x.device)
     routing = moe_align_block_size(topk_ids, num_experts, config["block_m"])
     act = torch.empty(num_slots, intermediate, dtype=x.dtype, device=x.device)
+    common = dict(routing=routing, num_slots=num_slots, config=config, alpha=alpha, limit=limit, fmt=fmt)
+    code = _activation_code(activation)
     _launch(
         x,
         gate_up,
@@ -496,15 +638,12 @@ def _fused_moe(
         b_gate_up,
         act,
         None,
-        routing,
-        intermediate,
-        hidden,
-        num_slots,
-        top_k,
-        True,
-        config,
-        alpha,
-        limit,
+        n=intermediate,
+        k=hidden,
+        top_k=top_k,
+        activation=code,
+        fp8_block=fp8_block,
+        **common,
     )
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
     slots_out = torch.empty(num_slots, hidden, dtype=torch.float32, device=x.device)
@@ -515,15 +654,12 @@ def _fused_moe(
         b_down,
         slots_out,
         weights,
-        routing,
-        hidden,
-        intermediate,
-        num_slots,
-        1,
-        False,
-        config,
-        alpha,
-        limit,
+        n=hidden,
+        k=intermediate,
+        top_k=1,
+        activation=0,
+        fp8_block=fp8_block,
+        **common,
     )
     return slots_out.view(num_tokens, top_k, hidden).sum(dim=1).to(x.dtype)
 
@@ -531,24 +667,40 @@ def _fused_moe(
 def fused_moe_triton(
     x: torch.Tensor,
     w_gate_up: torch.Tensor,
-    b_gate_up: torch.Tensor,
+    b_gate_up: torch.Tensor | None,
     w_down: torch.Tensor,
-    b_down: torch.Tensor,
+    b_down: torch.Tensor | None,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     alpha: float = SWIGLU_ALPHA,
     limit: float = SWIGLU_LIMIT,
     config: dict | None = None,
+    activation: str = "gpt_oss",
 ) -> torch.Tensor:
     """The Triton kernels behind `fused_moe_reference`'s interface (dense weights of x's dtype,
-    biases of any float dtype). `config`: tile overrides (block_m, block_n, block_k, group_m,
-    num_warps, num_stages) over `moe_tile_config`'s."""
+    biases of any float dtype or None, `activation` "gpt_oss" or "silu"). `config`: tile overrides
+    (block_m, block_n, block_k, group_m, num_warps, num_stages) over `moe_tile_config`'s."""
     _check_routing(x, topk_weights, topk_ids)
     dims = _check_dense(x, w_gate_up, b_gate_up, w_down, b_down)
     if w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
         raise TypeError(f"the expert weights must have x's dtype {x.dtype}, got {w_gate_up.dtype} and {w_down.dtype}")
+    _activation_code(activation)
     return _fused_moe(
-        x, w_gate_up, None, b_gate_up, w_down, None, b_down, topk_weights, topk_ids, dims, alpha, limit, config
+        x,
+        "dense",
+        w_gate_up,
+        None,
+        b_gate_up,
+        w_down,
+        None,
+        b_down,
+        topk_weights,
+        topk_ids,
+        dims,
+        activation,
+        alpha,
+        limit,
+        config,
     )
 
 
@@ -572,6 +724,7 @@ def fused_moe_mxfp4_triton(
     dims = _check_mxfp4_experts(x, gate_up_blocks, gate_up_scales, b_gate_up, down_blocks, down_scales, b_down)
     return _fused_moe(
         x,
+        "mxfp4",
         gate_up_blocks,
         gate_up_scales,
         b_gate_up,
@@ -581,7 +734,44 @@ def fused_moe_mxfp4_triton(
         topk_weights,
         topk_ids,
         dims,
+        "gpt_oss",
         alpha,
         limit,
         config,
+    )
+
+
+def fused_moe_fp8_triton(
+    x: torch.Tensor,
+    w_gate_up: torch.Tensor,
+    gate_up_scale_inv: torch.Tensor,
+    w_down: torch.Tensor,
+    down_scale_inv: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    block: int = FP8_BLOCK,
+    config: dict | None = None,
+) -> torch.Tensor:
+    """The Triton kernels behind `fused_moe_fp8_reference`'s interface (x bf16, fp16 or fp32): the
+    FP8 weights are read as stored, `[E, out, in]`, and scaled per block inside the K loop (block_k
+    divides `block`)."""
+    _check_routing(x, topk_weights, topk_ids)
+    dims = _check_fp8_experts(x, w_gate_up, gate_up_scale_inv, w_down, down_scale_inv, block)
+    return _fused_moe(
+        x,
+        "fp8",
+        w_gate_up,
+        gate_up_scale_inv,
+        None,
+        w_down,
+        down_scale_inv,
+        None,
+        topk_weights,
+        topk_ids,
+        dims,
+        "silu",
+        SWIGLU_ALPHA,
+        SWIGLU_LIMIT,
+        config,
+        fp8_block=block,
     )

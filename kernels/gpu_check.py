@@ -24,7 +24,14 @@ import torch
 import torch.nn.functional as F
 
 from kernels import checks
-from kernels.decode_attention import _decode_reduce_kernel, _decode_split_kernel, decode_attention_triton
+from kernels.decode_attention import (
+    _decode_reduce_kernel,
+    _decode_split_kernel,
+    attend_paged_latent_keys,
+    decode_attention_triton,
+)
+from kernels.fp8 import _fp8_linear_kernel
+from kernels.fp8_checks import fp8_benchmarks, fp8_cases
 from kernels.fused_moe import (
     _fused_moe_kernel,
     fused_moe_mxfp4_reference,
@@ -228,6 +235,95 @@ def check_sinks_window(device) -> list[dict]:
     return results
 
 
+# DeepSeek-R1's attention (MLA). Absorbed: one KV head of 576 dims a token (512 latent, 64 rope; V the
+# first 512, a view of the same cache) under all query heads: 128 on one GPU, 16 a GPU at tensor
+# parallel 8. Decompressed (prefill): 192-dim keys (128 + 64 rope) and 128-dim values a head.
+MLA_ABSORBED_HEADS = (128, 16)
+MLA_ABSORBED_DIMS = (576, 512)
+MLA_DECOMPRESSED = (128, 192, 128)  # heads (= KV heads), K's head dim, V's
+
+
+def check_mla(device) -> list[dict]:
+    """DeepSeek's MLA at its shapes: absorbed decode (128 and 16 query heads on the one 576-dim KV
+    head, V its view; one pass, split-K as the launcher chooses it and over 8 splits, and 32 heads
+    a program for 128), absorbed prefill (chunks after cached context, prompts) and a mixed step;
+    decompressed prefill and a mixed step (192/128, 128 heads); the KV-cache writes of both (keys
+    alone for absorbed). All in bf16; in fp32 (a tighter tolerance, but each case is a compilation
+    of its own) split-K decode, a prefill of each kind and the writes."""
+    d_k, d_v = MLA_ABSORBED_DIMS
+    absorbed = dict(v_head_dim=d_v, shared_kv=True)
+    decode_lens = checks.ragged_lengths(16) + [1000, 3000]
+    query_lens, seq_lens = [300, 1, 5, 100, 17, 1], [300, 1000, 1005, 612, 17, 1]
+    mixed_query_lens = [1] * 6 + [5, 300, 17, 1]
+    mixed_seq_lens = [1, 40, 700, 3000, 129, 16, 1005, 300, 1000, 612]
+    heads, decompressed_dk, decompressed_dv = MLA_DECOMPRESSED
+    decompressed = dict(v_head_dim=decompressed_dv)
+    results = []
+
+    def add(case, dtype, check):
+        results.append(_run_case(case, dtype, check))
+        torch.cuda.empty_cache()
+
+    for dtype in (torch.bfloat16, torch.float32):
+        full = dtype == torch.bfloat16
+        for num_q_heads in MLA_ABSORBED_HEADS:
+            what = f"absorbed {num_q_heads} heads {d_k}/{d_v}"
+            variants = [(1, None), (None, None), (8, None)] + ([(None, 32)] if num_q_heads > 16 else [])
+            for num_splits, block_h in variants if full else [(8, None)]:
+                add(
+                    f"decode {what} splits={num_splits or 'auto'}" + (f" block_h={block_h}" if block_h else ""),
+                    dtype,
+                    lambda: checks.check_decode_attention(
+                        decode_lens, num_q_heads, 1, d_k, 16, dtype, device, num_splits, block_h=block_h, **absorbed
+                    ),
+                )
+            if full or num_q_heads == 16:
+                add(
+                    f"prefill {what}",
+                    dtype,
+                    lambda: checks.check_prefill_attention(
+                        query_lens, seq_lens, num_q_heads, 1, d_k, 16, dtype, device, **absorbed
+                    ),
+                )
+            if full:
+                add(
+                    f"mixed step {what}",
+                    dtype,
+                    lambda: checks.check_mixed_step_attention(
+                        mixed_query_lens, mixed_seq_lens, num_q_heads, 1, d_k, 16, dtype, device, **absorbed
+                    )[:2],
+                )
+        what = f"decompressed {heads} heads {decompressed_dk}/{decompressed_dv}"
+        add(
+            f"prefill {what}",
+            dtype,
+            lambda: checks.check_prefill_attention(
+                query_lens, seq_lens, heads, heads, decompressed_dk, 16, dtype, device, **decompressed
+            ),
+        )
+        if full:
+            add(
+                f"mixed step {what}",
+                dtype,
+                lambda: checks.check_mixed_step_attention(
+                    mixed_query_lens, mixed_seq_lens, heads, heads, decompressed_dk, 16, dtype, device, **decompressed
+                )[:2],
+            )
+        add(
+            f"store_kvcache absorbed {d_k} keys only",
+            dtype,
+            lambda: checks.check_store_kvcache(300, 1, d_k, 16, dtype, device, v_head_dim=d_v, keys_only=True),
+        )
+        add(
+            f"store_kvcache {what}",
+            dtype,
+            lambda: checks.check_store_kvcache(
+                300, heads, decompressed_dk, 16, dtype, device, v_head_dim=decompressed_dv
+            ),
+        )
+    return results
+
+
 def check_kv_cache(device) -> list[dict]:
     return [
         _run_case(
@@ -323,8 +419,16 @@ def check_moe(device) -> list[dict]:
 
 
 CHECKS = [
-    ("decode attention", check_decode, [_decode_split_kernel, _decode_reduce_kernel, attend_paged_keys]),
-    ("prefill attention", check_prefill, [_prefill_kernel, _find_sequence, attend_paged_keys]),
+    (
+        "decode attention",
+        check_decode,
+        [_decode_split_kernel, _decode_reduce_kernel, attend_paged_latent_keys, attend_paged_keys],
+    ),
+    (
+        "prefill attention",
+        check_prefill,
+        [_prefill_kernel, _find_sequence, attend_paged_latent_keys, attend_paged_keys],
+    ),
     (
         "mixed step attention",
         check_mixed_step,
@@ -335,11 +439,25 @@ CHECKS = [
         check_sinks_window,
         [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys],
     ),
+    (
+        "DeepSeek MLA attention (absorbed, decompressed)",
+        check_mla,
+        [
+            _decode_split_kernel,
+            _decode_reduce_kernel,
+            _prefill_kernel,
+            _find_sequence,
+            attend_paged_latent_keys,
+            attend_paged_keys,
+            _store_kvcache_kernel,
+        ],
+    ),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
     ("rotary", check_rotary, [_rotary_kernel, _rotate_heads]),
     ("rejection sampler", check_rejection_sample, [_rejection_sample_kernel, _block_weights]),
     ("gpt-oss MoE", check_moe, [_fused_moe_kernel, mxfp4_weight_tiles, e2m1_to_fp32]),
+    ("FP8 GEMM and DeepSeek MoE (kernels/fp8.py)", fp8_cases, [_fp8_linear_kernel, _fused_moe_kernel]),
 ]
 
 
@@ -352,7 +470,15 @@ def _time_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50)
 
 
-def _paged_bench_inputs(seq_lens: list[int], device, heads: tuple[int, int, int] = BENCH_HEADS):
+def _paged_bench_inputs(
+    seq_lens: list[int],
+    device,
+    heads: tuple[int, int, int] = BENCH_HEADS,
+    v_head_dim: int | None = None,
+    shared_kv: bool = False,
+):
+    """Random bf16 K and V caches with the sequences' blocks scattered; MLA: V's own head dim
+    `v_head_dim`, and with `shared_kv` V is the view `k_cache[..., :v_head_dim]` (absorbed)."""
     num_q_heads, num_kv_heads, head_dim = heads
     g = torch.Generator().manual_seed(0)
     blocks = [-(-n // BENCH_BLOCK_SIZE) for n in seq_lens]
@@ -364,7 +490,10 @@ def _paged_bench_inputs(seq_lens: list[int], device, heads: tuple[int, int, int]
         taken += n
     shape = (sum(blocks), BENCH_BLOCK_SIZE, num_kv_heads, head_dim)
     k_cache = torch.randn(shape, device=device, dtype=torch.bfloat16)
-    v_cache = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    if shared_kv:
+        v_cache = k_cache[..., :v_head_dim]
+    else:
+        v_cache = torch.randn(*shape[:3], v_head_dim or head_dim, device=device, dtype=torch.bfloat16)
     return k_cache, v_cache, block_tables.to(device)
 
 
@@ -568,6 +697,102 @@ def bench_sinks_window(device, peak_gbps, peak_tflops) -> list[dict]:
     return rows
 
 
+# DeepSeek MLA's benchmark: absorbed decode (batch, context) for each head count, decompressed prefill.
+MLA_DECODE_BATCHES = [1, 32, 64]
+MLA_DECODE_CONTEXTS = [1024, 4096, 8192]
+MLA_PREFILL_CASES = [("1 x 4096 prompt", [4096], [4096]), ("2048 chunk after 2048 cached", [2048], [4096])]
+
+
+def bench_mla(device, peak_gbps, peak_tflops) -> list[dict]:
+    """DeepSeek-R1's attention in bf16, block size 16. Absorbed decode (128 and 16 query heads on
+    the 576-dim KV head; for 128 also 32 heads a program, `block_h=32`): GB/s of the cache it must
+    read (each token's 576 dims once: V is the same row) against the measured bandwidth, and
+    TFLOP/s (QK over 576 dims, PV over 512) against the GEMM rate (128 heads do ~240 FLOPs a byte,
+    past the card's ridge: that side bounds them); beside torch's SDPA on the same K/V laid out
+    contiguously, the heads as the rows of one query (no K/V copied per head). Decompressed prefill
+    (128 heads, 192/128): TFLOP/s, beside SDPA for the whole prompt."""
+    d_k, d_v = MLA_ABSORBED_DIMS
+    rows = []
+
+    def row(kernel, case, heads, ms, flops, kv_bytes=None, sdpa_ms=None):
+        gbps, tflops = (kv_bytes / ms / 1e6 if kv_bytes else None), flops / ms / 1e9
+        rows.append(
+            dict(
+                kernel=kernel,
+                case=case,
+                heads=heads,
+                ms=ms,
+                gbps=gbps,
+                peak_ratio=gbps / peak_gbps if gbps and peak_gbps else None,
+                tflops=tflops,
+                tflops_ratio=tflops / peak_tflops if peak_tflops else None,
+                sdpa_ms=sdpa_ms,
+                speedup_vs_sdpa=sdpa_ms / ms if sdpa_ms else None,
+            )
+        )
+
+    for num_q_heads in MLA_ABSORBED_HEADS:
+        print(
+            f"  MLA absorbed decode, {num_q_heads} heads: batch {MLA_DECODE_BATCHES} x context {MLA_DECODE_CONTEXTS}",
+            flush=True,
+        )
+        scale = 192**-0.5
+        for context in MLA_DECODE_CONTEXTS:
+            for batch in MLA_DECODE_BATCHES:
+                k_cache, v_cache, block_tables = _paged_bench_inputs(
+                    [context] * batch, device, (num_q_heads, 1, d_k), d_v, shared_kv=True
+                )
+                q = torch.randn(batch, num_q_heads, d_k, device=device, dtype=torch.bfloat16)
+                lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+                run = partial(decode_attention_triton, q, k_cache, v_cache, block_tables, lens, scale, context)
+                keys = _contiguous(k_cache, block_tables, context)  # [batch, 1, context, 576]
+                q4 = q[:, None]  # the heads as one query's rows
+                sdpa_ms = _sdpa_ms(partial(F.scaled_dot_product_attention, q4, keys, keys[..., :d_v], scale=scale))
+                del keys
+                flops = 2.0 * batch * context * num_q_heads * (d_k + d_v)
+                kv_bytes = batch * context * d_k * 2
+                case = f"batch {batch} x context {context}"
+                row("absorbed decode", case, num_q_heads, _time_ms(run), flops, kv_bytes, sdpa_ms)
+                if num_q_heads > 16:
+                    row(
+                        "absorbed decode, block_h 32",
+                        case,
+                        num_q_heads,
+                        _time_ms(partial(run, block_h=32)),
+                        flops,
+                        kv_bytes,
+                    )
+                del k_cache, v_cache
+                torch.cuda.empty_cache()
+    heads, decompressed_dk, decompressed_dv = MLA_DECOMPRESSED
+    for name, query_lens, seq_lens in MLA_PREFILL_CASES:
+        print(f"  MLA decompressed prefill, {heads} heads: {name}", flush=True)
+        k_cache, v_cache, block_tables = _paged_bench_inputs(
+            seq_lens, device, (heads, heads, decompressed_dk), decompressed_dv
+        )
+        q = torch.randn(sum(query_lens), heads, decompressed_dk, device=device, dtype=torch.bfloat16)
+        cu = torch.tensor(
+            [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
+        )
+        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        scale = decompressed_dk**-0.5
+        ms = _time_ms(partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale))
+        sdpa_ms = None
+        if query_lens == seq_lens and len(seq_lens) == 1:
+            keys, values = (
+                _contiguous(k_cache, block_tables, seq_lens[0]),
+                _contiguous(v_cache, block_tables, seq_lens[0]),
+            )
+            qs = q.view(1, seq_lens[0], heads, decompressed_dk).transpose(1, 2)
+            sdpa_ms = _sdpa_ms(lambda: F.scaled_dot_product_attention(qs, keys, values, is_causal=True, scale=scale))
+            del keys, values
+        flops = checks.attention_flops(query_lens, seq_lens, heads, decompressed_dk, v_head_dim=decompressed_dv)
+        row("decompressed prefill", name, heads, ms, flops, sdpa_ms=sdpa_ms)
+        del k_cache, v_cache
+        torch.cuda.empty_cache()
+    return rows
+
+
 def _pct(x):
     return "-" if x is None else f"{100 * x:.0f}%"
 
@@ -706,6 +931,29 @@ def markdown(results: dict) -> str:
         )
     lines += (
         []
+        if not results.get("mla_attention")
+        else [
+            "",
+            f"## DeepSeek MLA attention (bf16, block size 16; absorbed: {' and '.join(map(str, MLA_ABSORBED_HEADS))} "
+            f"q heads on one KV head of {MLA_ABSORBED_DIMS[0]} dims, V its first {MLA_ABSORBED_DIMS[1]}; decompressed: "
+            f"{MLA_DECOMPRESSED[0]} heads, {MLA_DECOMPRESSED[1]}/{MLA_DECOMPRESSED[2]})",
+            "",
+            "GB/s: the cache the decode must read (each token's entry once). TFLOP/s: QK and PV over the visible "
+            "keys. SDPA: torch's on the same K/V laid out contiguously.",
+            "",
+            "| kernel | heads | case | ms | GB/s | of measured bandwidth | TFLOP/s | of GEMM rate | SDPA ms "
+            "| speedup vs SDPA |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    )
+    for r in results.get("mla_attention", []):
+        lines.append(
+            f"| {r['kernel']} | {r['heads']} | {r['case']} | {r['ms']:.3f} | {_num(r['gbps'], '.0f')} | "
+            f"{_pct(r['peak_ratio'])} | {r['tflops']:.0f} | {_pct(r['tflops_ratio'])} | {_num(r['sdpa_ms'], '.3f')} | "
+            f"{_num(r['speedup_vs_sdpa'], '.2f', 'x')} |"
+        )
+    lines += (
+        []
         if not results.get("moe")
         else [
             "",
@@ -724,6 +972,26 @@ def markdown(results: dict) -> str:
             f"| {r['weights']} | {r['tokens']} | {r['experts_hit']} | {r['ms']:.3f} | {r['gbps']:.0f} | "
             f"{_pct(r['peak_ratio'])} | {r['tflops']:.0f} | {_pct(r['tflops_ratio'])} | {_num(r['torch_ms'], '.3f')} | "
             f"{_num(r['speedup_vs_torch'], '.2f', 'x')} |"
+        )
+    lines += (
+        []
+        if not results.get("fp8")
+        else [
+            "",
+            "## FP8 weights (kernels/fp8.py: bf16 activations, e4m3 weights per channel or per 128x128 block)",
+            "",
+            "GB/s: the FP8 weights and scales read (of the experts, those the batch hits). Baseline: bf16 weights "
+            "(torch's matmul; the dense Triton MoE).",
+            "",
+            "| kernel | scales | tokens | ms | GB/s | of measured bandwidth | TFLOP/s | bf16 ms | speedup vs bf16 |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+    )
+    for r in results.get("fp8", []):
+        lines.append(
+            f"| {r['kernel']} | {r['scales']} | {r['tokens']} | {r['ms']:.3f} | {r['gbps']:.0f} | "
+            f"{_pct(r['gbps'] / results['measured_gbps'])} | {r['tflops']:.1f} | {_num(r['bf16_ms'], '.3f')} | "
+            f"{_num(r['speedup_vs_bf16'], '.2f', 'x')} |"
         )
     lines += (
         []
@@ -794,7 +1062,9 @@ def run_kernels(device, skip_bench: bool) -> dict:
         results["decode"] = bench_decode(device, gbps)
         results["prefill"] = bench_prefill(device, tflops)
         results["gpt_oss_attention"] = bench_sinks_window(device, gbps, tflops)
+        results["mla_attention"] = bench_mla(device, gbps, tflops)
         results["moe"] = bench_moe(device, gbps, tflops)
+        results["fp8"] = fp8_benchmarks(device)
     return results
 
 

@@ -102,13 +102,18 @@ class Benchmark:
     top_k: int = 0
     accuracy_max_new_tokens: int | None = None  # None: max_new_tokens
     # How the accuracy script scores: "summarization" (ROUGE on text decoded without special tokens,
-    # accuracy/evaluate.py) or "gpt_oss" (accuracy/gpt_oss.py: special tokens kept, the harmony
-    # final channel parsed); skip_special_tokens says which decoding the script uses.
+    # accuracy/evaluate.py), "gpt_oss" (accuracy/gpt_oss.py: special tokens kept, the harmony
+    # final channel parsed) or "deepseek_r1" (accuracy/deepseek_r1.py: special tokens skipped, each
+    # sub-dataset's answer parsed and graded); skip_special_tokens says which decoding the script uses.
     scorer: str = "summarization"
     skip_special_tokens: bool = True
     # mode -> the set a mode runs on where it is not the performance set (mode "accuracy", a
     # compliance test's "TEST0x"); every other mode runs on the performance set of dataset_size samples.
     mode_datasets: dict = field(default_factory=dict)
+    # The most tokens a sample's input may have (the reference's limit), where the benchmark sets one,
+    # and the tokens the reference allows the model's chat template to add around it.
+    max_input_tokens: int | None = None
+    chat_template_tokens: int = 0
 
     @property
     def test06(self) -> bool:
@@ -119,6 +124,11 @@ class Benchmark:
         """The samples an accuracy run covers (mlperf.conf's accuracy_sample_count_override, where set)."""
         own = self.mode_datasets.get("accuracy")
         return own.samples if own else self.dataset_size
+
+    @property
+    def max_prompt_tokens(self) -> int | None:
+        """The most tokens a prompt as the model gets it may have (None: no limit but the model's)."""
+        return None if self.max_input_tokens is None else self.max_input_tokens + self.chat_template_tokens
 
     def max_tokens(self, mode: str) -> int:
         """The most new tokens a response may have in a run of `mode`."""
@@ -184,20 +194,29 @@ ENTRIES = (
         {"Server": (2000, 200), "Interactive": (450, 40)},
         {**_rouge(44.4312, 22.0352, 28.6162, None, 0.999), "tokens_per_sample": AccuracyTarget(294.45, 0.9, 1.1)},
     ),
-    # Not run here yet: no dataset reader, model or accuracy script for them (their EOS ids come with the model).
+    # language/deepseek-r1 in mlcommons/inference: utils/backend_registry.py (MAX_ISL 3136, MAX_OSL
+    # 20000, temperature 0), loadgen/mlperf.conf (performance_sample_count_override and Offline
+    # min_query_count 4388; Server ttft_latency 2000 / tpot_latency 80, deepseek-r1-interactive 1500 /
+    # 15), the v6.1 checker's constants (accuracy-target exact_match 0.99 x 81.3582 and
+    # TOKENS_PER_SAMPLE 0.9 x 3886.2274, accuracy-upper-limit TOKENS_PER_SAMPLE 1.1 x 3886.2274,
+    # models_TEST06, LLM_LATENCY_LIMITS); deepseek-ai/DeepSeek-R1's config: eos_token_id 1
+    # (<｜end▁of▁sentence｜>). Its dataset is the reference's pickle tokenized once with the model's chat
+    # template (python -m harness.deepseek_r1 convert).
     Benchmark(
         "deepseek-r1",
         "deepseek-r1",
-        4388,
+        4388,  # mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl, the set of every run
         20000,
         1,
-        frozenset(),
+        frozenset({1}),
         {"Server": (2000, 80), "Interactive": (1500, 15)},
         {"exact_match": AccuracyTarget(81.3582, 0.99), "tokens_per_sample": AccuracyTarget(3886.2274, 0.9, 1.1)},
-        ready=False,
         speculative_scenarios=("Interactive",),
         # EAGLE-style with DeepSeek-R1's own MTP layer, speculative-num-steps 3, top-k 1
         speculation=SpeculationRule("mtp", None, 3),
+        scorer="deepseek_r1",
+        max_input_tokens=3136,  # MAX_ISL, a question's tokens
+        chat_template_tokens=4,  # MAX_TEMPLATE_TOKS: vLLM's max_input_len is their sum
     ),
     # language/gpt-oss-120b in mlcommons/inference: an SGLang server with dp N, tp = ep = 1 (one GPU
     # a replica); generation_config.json and README "Generation Configuration" for the sampling and

@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 import kernels.decode_attention  # noqa: E402
+import kernels.fp8  # noqa: E402
 import kernels.fused_moe  # noqa: E402
 import kernels.kv_cache  # noqa: E402
 import kernels.prefill_attention  # noqa: E402
@@ -35,6 +36,7 @@ POINTER_TYPES = {
     torch.int64: "*i64",
     torch.bool: "*u1",
     torch.uint8: "*u8",
+    torch.float8_e4m3fn: "*fp8e4nv",
 }
 TARGET = GPUTarget("cuda", int(os.environ.get("SAAF_COMPILE_ARCH", "90")), 32)
 LAUNCH_OPTIONS = ("num_warps", "num_stages")
@@ -99,6 +101,7 @@ def main():
         kernels.rotary,
         kernels.rejection_sample,
         kernels.fused_moe,
+        kernels.fp8,
     ):
         source = Path(module.__file__).read_text()
         for name in dir(module):
@@ -126,6 +129,7 @@ def main():
             checks.check_decode_attention([5, 400], 64, 8, 64, 16, dtype, "cpu", num_splits, **extras)
         checks.check_prefill_attention([5, 1], [5, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
         checks.check_mixed_step_attention([1, 1, 5], [9, 300, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
+    compile_mla(dtype)
     checks.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
     for with_residual in (False, True):
         checks.check_rms_norm(3, 4096, dtype, "cpu", with_residual)
@@ -138,7 +142,29 @@ def main():
         )
         kernels.rejection_sample.rejection_sample_triton(**args)
     compile_fused_moe()
+    compile_fp8()
     print(f"{len(compiled)} kernel variants compiled for sm_{TARGET.arch}")
+
+
+def compile_mla(dtype: torch.dtype):
+    """DeepSeek's MLA (kernels/decode_attention.py): absorbed, 128 and 16 query heads (one GPU, and
+    tensor parallel 8) on one KV head of 576 dims whose first 512 are V (a view); one pass and
+    split-K, 32 heads a program too (the GPU check's variant), prefill and a mixed step. Decompressed:
+    192-dim keys and 128-dim values a head, KV heads = query heads (128 or 16: the same kernels),
+    prefill, decode and a mixed step. The KV-cache writes of both."""
+    absorbed = dict(v_head_dim=512, shared_kv=True)
+    for heads in (128, 16):
+        for num_splits in (1, 4):
+            checks.check_decode_attention([5, 40], heads, 1, 576, 16, dtype, "cpu", num_splits, **absorbed)
+        checks.check_prefill_attention([5, 1], [5, 40], heads, 1, 576, 16, dtype, "cpu", **absorbed)
+        checks.check_mixed_step_attention([1, 1, 5], [9, 300, 40], heads, 1, 576, 16, dtype, "cpu", **absorbed)
+    for num_splits in (1, 4):
+        checks.check_decode_attention([5, 40], 128, 1, 576, 16, dtype, "cpu", num_splits, block_h=32, **absorbed)
+    checks.check_prefill_attention([5, 1], [5, 40], 16, 16, 192, 16, dtype, "cpu", v_head_dim=128)
+    checks.check_decode_attention([5, 40], 16, 16, 192, 16, dtype, "cpu", 4, v_head_dim=128)
+    checks.check_mixed_step_attention([1, 1, 5], [9, 300, 40], 16, 16, 192, 16, dtype, "cpu", v_head_dim=128)
+    checks.check_store_kvcache(4, 1, 576, 16, dtype, "cpu", v_head_dim=512, keys_only=True)
+    checks.check_store_kvcache(4, 16, 192, 16, dtype, "cpu", v_head_dim=128)
 
 
 def compile_fused_moe():
@@ -156,6 +182,42 @@ def compile_fused_moe():
                 checks.check_fused_moe(3, 64, 64, 8, top_k, dtype, "cpu", mxfp4=mxfp4, **config)
             if not mxfp4 and dtype == torch.bfloat16:
                 checks.check_fused_moe(3, 64, 64, 8, 4, dtype, "cpu", k_contiguous=True, **config)
+
+
+def compile_fp8():
+    """FP8 weights: the linear GEMM (kernels/fp8.py) with scales per channel and per 128 x 128 block,
+    bf16 at the decode (also split K: an fp32 workspace), mid-batch and prefill tiles, with a bias
+    and without, fp32 at its own tiles; the fused MoE from block-scaled FP8 experts (silu, no biases)
+    at the decode and prefill tiles of 256 experts top-8 (DeepSeek), bf16 and fp32; the dense MoE
+    with the silu activation and no biases. Small dims: the compiled kernel does not depend on them."""
+    from kernels.fp8 import fp8_linear_config, fp8_linear_triton, quantize_fp8_block, quantize_fp8_per_channel
+    from kernels.fused_moe import fused_moe_fp8_triton, fused_moe_triton, moe_tile_config
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(136, 200, generator=g)
+    bias = torch.randn(136, generator=g).to(torch.bfloat16)
+    for block in (None, 128):
+        w_fp8, scale = quantize_fp8_block(w) if block else quantize_fp8_per_channel(w)
+        for dtype, m in ((torch.bfloat16, 1), (torch.bfloat16, 32), (torch.bfloat16, 512), (torch.float32, 1)):
+            config = fp8_linear_config(m, 4096, 4096, dtype, "cpu") | dict(split_k=1)
+            x = torch.randn(m, 200, generator=g).to(dtype)
+            for b in (None, bias):
+                fp8_linear_triton(x, w_fp8, scale, b, block, config=config)
+            if m == 1:
+                fp8_linear_triton(x, w_fp8, scale, None, block, config=config | dict(split_k=2, block_k=32))
+    num_experts, top_k, hidden, intermediate = 8, 8, 200, 136  # ragged: scales [E, 3, 2] and [E, 2, 2]
+    w_gate_up, s_gate_up = quantize_fp8_block(torch.randn(num_experts, 2 * intermediate, hidden, generator=g))
+    w_down, s_down = quantize_fp8_block(torch.randn(num_experts, hidden, intermediate, generator=g))
+    for dtype, num_tokens in ((torch.bfloat16, 1), (torch.bfloat16, 4096), (torch.float32, 1)):
+        config = moe_tile_config(num_tokens * top_k, 256, dtype, False)
+        x = torch.randn(3, hidden, generator=g).to(dtype)
+        topk_weights, topk_ids = checks.random_routing(3, num_experts, top_k, "cpu", g)
+        fused_moe_fp8_triton(x, w_gate_up, s_gate_up, w_down, s_down, topk_weights, topk_ids, config=config)
+        if dtype == torch.bfloat16:
+            dense = (w_gate_up.float().transpose(1, 2).to(dtype), w_down.float().transpose(1, 2).to(dtype))
+            fused_moe_triton(
+                x, dense[0], None, dense[1], None, topk_weights, topk_ids, config=config, activation="silu"
+            )
 
 
 if __name__ == "__main__":

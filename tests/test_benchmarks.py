@@ -24,10 +24,35 @@ def test_latency_limits_and_loadgen_names():
     assert BENCHMARKS["llama3.1-8b-edge"].latency_limits_ms == {} and not BENCHMARKS["llama3.1-8b-edge"].test06
 
 
-def test_later_benchmarks_are_recorded_but_not_run():
-    later = {b.name: b for b in ENTRIES if not b.ready}
-    assert sorted(later) == ["deepseek-r1"] and not set(later) & set(BENCHMARKS)
-    assert later["deepseek-r1"].latency_limits_ms == {"Server": (2000, 80), "Interactive": (1500, 15)}
+def test_every_entry_is_run():
+    assert {b.name for b in ENTRIES if not b.ready} == set() and set(BENCHMARKS) == {b.name for b in ENTRIES}
+
+
+def test_deepseek_r1_is_the_references_benchmark():
+    """deepseek-r1 as mlcommons/inference sets it (loadgen/mlperf.conf; the v6.1 checker's constants:
+    accuracy-target, accuracy-upper-limit, LLM_LATENCY_LIMITS, models_TEST06, the scenario lists;
+    language/deepseek-r1/utils/backend_registry.py; deepseek-ai/DeepSeek-R1's EOS)."""
+    d = BENCHMARKS["deepseek-r1"]
+    assert d.loadgen_name("Server") == "deepseek-r1" and d.loadgen_name("Interactive") == "deepseek-r1-interactive"
+    assert d.dataset_size == d.accuracy_dataset_size == 4388 and not d.mode_datasets
+    assert (d.max_input_tokens, d.chat_template_tokens, d.max_prompt_tokens) == (3136, 4, 3140)
+    assert d.max_tokens("accuracy") == d.max_tokens("performance") == 20000
+    assert d.generation("performance") == {
+        "max_tokens": 20000,
+        "min_tokens": 1,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "top_k": 0,
+    }
+    assert d.latency_limits_ms == {"Server": (2000, 80), "Interactive": (1500, 15)}
+    assert d.targets() == {
+        "exact_match": (81.3582 * 0.99, None),
+        "tokens_per_sample": (3886.2274 * 0.9, 3886.2274 * 1.1),
+    }
+    assert d.compliance_tests == ("TEST06",) and d.test06 and d.eos_token_ids == {1}
+    assert d.scenarios == {"datacenter": ({"Offline"}, {"Server", "Interactive"})}
+    assert d.scorer == "deepseek_r1" and d.skip_special_tokens
+    assert d.speculative_scenarios == ("Interactive",) and d.speculation.head is None
 
 
 def test_gpt_oss_is_the_references_benchmark():
@@ -74,7 +99,8 @@ def test_every_entry_is_whole():
     assert len({b.name for b in ENTRIES}) == len(ENTRIES)
     for b in ENTRIES:
         assert b.dataset_size > 0 and 1 <= b.min_new_tokens <= b.max_new_tokens, b.name
-        assert b.max_new_tokens <= b.max_tokens("accuracy") and b.scorer in ("summarization", "gpt_oss"), b.name
+        assert b.max_new_tokens <= b.max_tokens("accuracy"), b.name
+        assert b.scorer in ("summarization", "gpt_oss", "deepseek_r1"), b.name
         assert set(b.mode_datasets) <= {"accuracy", *b.compliance_tests}, b.name
         assert bool(b.speculative_scenarios) == (b.speculation is not None), b.name
         assert set(b.latency_limits_ms) <= {"Server", "Interactive"} and b.accuracy, b.name

@@ -33,7 +33,7 @@ def test_the_supported_architecture_is_picked_among_several():
 def test_an_architecture_without_a_class_is_refused_by_name():
     config = dataclasses.replace(
         ModelConfig.from_dict({**TINY_CONFIG, "architectures": ["LlamaForCausalLM"]}),
-        architecture="DeepseekV3ForCausalLM",
+        architecture="Qwen3ForCausalLM",
     )
-    with pytest.raises(UnsupportedModelError, match=r"'DeepseekV3ForCausalLM' has no model class; supported: \['Llama"):
+    with pytest.raises(UnsupportedModelError, match=r"'Qwen3ForCausalLM' has no model class; supported: \['Llama"):
         model_class(config)

@@ -1,7 +1,8 @@
 """The 8-GPU rigs' system files: every benchmark and scenario resolves (engine settings checked by
 the engine's rules, user.conf by LoadGen's keys), the llama2-70b split fits the card (weights plus
 the K/V of one longest sequence per GPU, within the engine's memory budget), gpt-oss-120b's one GPU
-a replica holds its weights and its batch of the performance set's longest sequences, and `make
+a replica holds its weights and its batch of the performance set's longest sequences, deepseek-r1's
+FP8 weights fit eight H200s (not eight H100s) with its batch, and `make
 submission` on a rig builds none of the CPU demo's model or data."""
 
 import math
@@ -32,7 +33,9 @@ def weight_bytes(hidden, intermediate, layers, heads, kv_heads, vocab) -> int:
 def test_each_benchmark_and_scenario_resolves(rig):
     system = System.load(rig)
     assert system.division == "closed" and not system.demo
-    for benchmark in ("llama3.1-8b", "llama2-70b-99.9", "gpt-oss-120b"):
+    for benchmark in ("llama3.1-8b", "llama2-70b-99.9", "gpt-oss-120b", "deepseek-r1"):
+        if benchmark not in system.models:  # deepseek-r1 needs more than 8 H100s
+            continue
         for scenario in system.scenarios:
             cfg = RunConfig.resolve(rig, benchmark, scenario, "performance")
             assert BENCHMARKS[benchmark].loadgen_name(scenario) in cfg.user_conf.read_text()
@@ -139,3 +142,91 @@ def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
         assert "convert_gguf" not in plan and "demo_data" not in plan
     demo = subprocess.run(["make", "-n", "submission"], cwd=REPO, env=env, capture_output=True, text=True).stdout
     assert "convert_gguf" in demo and "demo_data" in demo
+
+
+# deepseek-ai/DeepSeek-R1's config.json (v61-models.md section 2a): 61 layers, the first 3 dense; MLA;
+# 256 routed experts (top 8 of 4 groups of 8) and 1 shared, of intermediate 2048; FP8 128x128 blocks.
+DEEPSEEK_R1 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "first_k_dense_replace": 3,
+    "routed_scaling_factor": 2.5,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0,
+    },
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 1,
+}  # fmt: skip
+DS_LONGEST_PROMPT, DS_MEAN_RESPONSE, DS_MAX_NEW = 3136 + 4, 3886, 20000  # the reference's MAX_ISL (+ template), OSL
+
+
+def deepseek_bytes_per_gpu(c: ModelConfig, tp: int) -> float:
+    """One GPU's weight bytes at TP (and expert parallel) `tp`: FP8 (1 byte) where the checkpoint has
+    it, with a 4-byte scale per 128 x 128 block; bf16 for the embeddings and head (split by vocabulary),
+    the norms, the router, and kv_b_proj (dequantized: the absorbed attention splits it)."""
+    m, h, layers = c.mla, c.hidden_size, c.num_layers
+    heads = c.num_heads // tp
+    fp8 = layers * (
+        h * (m.q_lora_rank + m.kv_lora_rank + m.qk_rope_head_dim)  # q_a and kv_a, on every GPU
+        + m.q_lora_rank * heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)  # q_b, this GPU's heads
+        + heads * m.v_head_dim * h  # o_proj, its columns
+    )
+    moe_layers, dense_layers = layers - c.moe.first_dense_layers, c.moe.first_dense_layers
+    per_expert = 3 * h * c.moe.expert_intermediate_size
+    fp8 += dense_layers * 3 * h * c.intermediate_size // tp
+    fp8 += moe_layers * (c.moe.num_experts // tp * per_expert + c.moe.shared_experts * per_expert // tp)
+    bf16 = layers * (m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) + 2 * h + m.q_lora_rank)
+    bf16 += 2 * c.vocab_size * h // tp + moe_layers * (c.moe.num_experts * h)  # router fp32: counted as 2 x bf16
+    return fp8 * (1 + 4 / 128**2) + 2 * bf16
+
+
+def test_deepseek_r1_fits_eight_h200s_in_fp8_with_its_batch():
+    """Per GPU at TP/EP 8, as the engine sizes its cache: the FP8 weights (~85 GB), the runner's
+    reserves and the CUDA context under gpu_memory_utilization of the card; in what is left, the
+    latent K/V (576 values a token a layer, the same on every GPU) of max_num_seqs sequences of the
+    longest prompt and the reference's mean response, and one sequence of max_model_len, which holds
+    the longest prompt and the most new tokens. On 8 H100s the weights alone exceed the budget."""
+    c = ModelConfig.from_dict(DEEPSEEK_R1)
+    assert c.quantization == "fp8" and c.mla.cache_dim == 576 and c.moe.first_dense_layers == 3
+    rig = "8xH200-SXM-141GB"
+    settings = System.load(rig).engine_settings("Offline", "deepseek-r1")
+    tp = settings["tensor_parallel_size"]
+    assert (settings["data_parallel_size"], tp) == (1, 8)
+    weights = deepseek_bytes_per_gpu(c, tp)
+    assert 83e9 < weights < 87e9, weights
+    chunk, seqs = settings["max_num_batched_tokens"], settings["max_num_seqs"]
+    activations = chunk * (6 * c.hidden_size + 3 * c.intermediate_size) * 4
+    logits = seqs * c.vocab_size * 4 * 3
+    cache = settings["gpu_memory_utilization"] * RIGS[rig] - weights - activations - logits - CUDA_CONTEXT
+    bs = 16
+    block = kv_bytes_per_block(c, bs, torch.bfloat16)
+    assert block == 61 * bs * 576 * 2  # 70,272 B a token
+    mean = math.ceil((DS_LONGEST_PROMPT + DS_MEAN_RESPONSE) / bs) * block
+    assert seqs * mean <= cache, f"{seqs} sequences need {seqs * mean / 1e9:.1f} GB, {cache / 1e9:.1f} left"
+    assert settings["max_model_len"] >= DS_LONGEST_PROMPT + DS_MAX_NEW
+    assert blocks_for_one_sequence(c, bs, settings["max_model_len"], chunk) * block <= cache
+    h100 = System.load("8xH100-SXM-80GB")
+    assert "deepseek-r1" not in h100.models
+    assert weights > h100.engine_settings("Offline")["gpu_memory_utilization"] * RIGS["8xH100-SXM-80GB"]

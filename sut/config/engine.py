@@ -36,6 +36,9 @@ class EngineConfig:
     # large checkpoint already verified.
     verify_checksums: bool = True
     dtype: str = "auto"  # "auto" = the checkpoint's dtype
+    # "fp8": the decoder's linears quantized to FP8 at load, one scale per output channel (sut/model/fp8.py):
+    # FP8 weights and a Triton GEMM on CUDA; on CPU the FP8 round trip in `dtype` (its quality cost only).
+    quantization: str | None = None
     device: str = "auto"  # "auto" = cuda when available, else cpu
     kernels: str = (
         "auto"  # "auto": Triton on CUDA, the CPU backend's C ops on CPU (kernels.select_ops); "triton", "torch"
@@ -109,6 +112,8 @@ class EngineConfig:
 KIND_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string"}
 
 
+QUANTIZATIONS = ("fp8",)  # the `quantization` setting's values (None: the checkpoint's weights as they are)
+
 # Settings whose values are narrower than their kind: (what the error says they must be, the test).
 RANGES = {
     **dict.fromkeys(
@@ -132,6 +137,7 @@ RANGES = {
     "dtype": (f"'auto' or one of {list(DTYPES)}", lambda v: v == "auto" or v in DTYPES),
     "device": ("'auto', 'cpu', 'cuda' or 'cuda:N'", lambda v: re.fullmatch(r"auto|cpu|cuda(:\d+)?", v) is not None),
     "kernels": ("'auto', 'triton' or 'torch'", lambda v: v in ("auto", "triton", "torch")),
+    "quantization": (f"one of {list(QUANTIZATIONS)}", lambda v: v in QUANTIZATIONS),
 }
 
 

@@ -10,7 +10,7 @@ import torch
 from sut.errors import ConfigError, UnsupportedModelError
 
 # What ModelConfig can read; sut/model/registry.py maps each to its model class.
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "GptOssForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "GptOssForCausalLM", "DeepseekV3ForCausalLM")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -37,18 +37,58 @@ class YarnScaling:
     beta_slow: float = 1.0
     truncate: bool = True
     attention_factor: float | None = None
+    # DeepSeek-V3: with both set (and no attention_factor), cos/sin are multiplied by
+    # mscale(factor, mscale) / mscale(factor, mscale_all_dim), and the softmax scale by
+    # mscale(factor, mscale_all_dim)^2.
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
 
 @dataclass(frozen=True)
 class MoEConfig:
-    """A mixture-of-experts MLP in every layer (gpt-oss): a linear + bias router, the top
+    """A mixture-of-experts MLP. gpt-oss (in every layer): a linear + bias router, the top
     `experts_per_token` logits softmaxed, experts of `intermediate_size` with gpt-oss's clamped
-    SwiGLU (`swiglu_alpha`, `swiglu_limit`)."""
+    SwiGLU (`swiglu_alpha`, `swiglu_limit`). DeepSeek-V3 (`num_groups` set; after `first_dense_layers`
+    dense layers): sigmoid scores, the correction bias used for choosing only, the top `topk_groups`
+    of `num_groups` expert groups by the sum of each group's top-2, the top `experts_per_token` in those,
+    weights the unbiased scores normalized and times `routed_scaling_factor`; experts of
+    `expert_intermediate_size` with plain SwiGLU, beside `shared_experts` always-on experts."""
 
     num_experts: int
     experts_per_token: int
-    swiglu_alpha: float
-    swiglu_limit: float
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    num_groups: int | None = None
+    topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    norm_topk_prob: bool = True
+    expert_intermediate_size: int | None = None
+    shared_experts: int = 0
+    first_dense_layers: int = 0
+    # A tensor-parallel rank's config (sut/parallel/shard.py's local_config): the routed experts split
+    # over this many ranks (each holds num_experts / parallel_size of them, whole), and the shared
+    # experts' features too; the router stays whole.
+    parallel_size: int = 1
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """DeepSeek's multi-head latent attention: queries through a `q_lora_rank` bottleneck (None: one
+    q_proj), keys and values from a `kv_lora_rank` latent shared by the heads plus a
+    `qk_rope_head_dim` rope key shared by the heads; per head `qk_nope_head_dim` + rope dims of
+    query and key, `v_head_dim` of value. The KV cache holds the latent and the rope key."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool = True
+
+    @property
+    def cache_dim(self) -> int:
+        """Values cached per token per layer: the latent, then the rope key."""
+        return self.kv_lora_rank + self.qk_rope_head_dim
 
 
 @dataclass(frozen=True)
@@ -77,6 +117,8 @@ class ModelConfig:
     attention_sinks: bool = False
     moe: MoEConfig | None = None
     quantization: str | None = None
+    # DeepSeek-V3: latent attention (head_dim is then its rope dims, num_kv_heads 1: the latent).
+    mla: MLAConfig | None = None
 
     def layer_window(self, layer: int) -> int | None:
         """The sliding window of layer `layer` in keys, or None for full attention."""
@@ -145,6 +187,8 @@ class ModelConfig:
                 float(scaling.get("beta_slow") or 1.0),
                 bool(scaling.get("truncate", True)),
                 scaling.get("attention_factor"),
+                scaling.get("mscale"),
+                scaling.get("mscale_all_dim"),
             )
         elif rope_type == "default":
             rope_scaling = None
@@ -158,8 +202,12 @@ class ModelConfig:
         if not eos_token_ids:
             eos_token_ids = tuple(_as_list(raw.get("eos_token_id")))
         architecture = next(a for a in archs if a in SUPPORTED_ARCHITECTURES)
-        gpt_oss = architecture == "GptOssForCausalLM" and _gpt_oss_fields(raw, where, need)
-        return ModelConfig(
+        extra = {}
+        if architecture == "GptOssForCausalLM":
+            extra = _gpt_oss_fields(raw, where, need)
+        elif architecture == "DeepseekV3ForCausalLM":
+            extra = _deepseek_fields(raw, where, need)
+        fields = dict(
             architecture=architecture,
             vocab_size=need("vocab_size"),
             hidden_size=hidden,
@@ -177,8 +225,8 @@ class ModelConfig:
             mlp_bias=bool(raw.get("mlp_bias", False)),
             dtype=DTYPES[dtype_name],
             eos_token_ids=eos_token_ids,
-            **(gpt_oss or {}),
         )
+        return ModelConfig(**(fields | extra))
 
 
 def _gpt_oss_fields(raw: dict, where: str, need) -> dict:
@@ -207,6 +255,57 @@ def _gpt_oss_fields(raw: dict, where: str, need) -> dict:
         moe=MoEConfig(experts, per_token, float(raw.get("swiglu_alpha", 1.702)), float(raw.get("swiglu_limit", 7.0))),
         quantization=method,
     )
+
+
+def _deepseek_fields(raw: dict, where: str, need) -> dict:
+    """What a DeepSeek-V3 config.json adds: latent attention, group-routed experts after the dense
+    layers, FP8 block-scaled weights."""
+    quant = raw.get("quantization_config") or {}
+    method = quant.get("quant_method")
+    if method not in (None, "fp8"):
+        raise UnsupportedModelError(f"{where}: quantization {method!r} is not supported; supported: fp8")
+    if method == "fp8" and list(quant.get("weight_block_size") or [128, 128]) != [128, 128]:
+        raise UnsupportedModelError(
+            f"{where}: fp8 weight_block_size {quant['weight_block_size']} is not supported; supported: [128, 128]"
+        )
+    q_lora = raw.get("q_lora_rank")
+    if q_lora is not None:
+        q_lora = need("q_lora_rank")
+    mla = MLAConfig(
+        q_lora,
+        need("kv_lora_rank"),
+        need("qk_nope_head_dim"),
+        need("qk_rope_head_dim"),
+        need("v_head_dim"),
+        bool(raw.get("rope_interleave", True)),
+    )
+    experts, groups = need("n_routed_experts"), need("n_group")
+    per_token, topk_groups = need("num_experts_per_tok"), need("topk_group")
+    if experts % groups:
+        raise ConfigError(f"{where}: n_routed_experts {experts} is not a multiple of n_group {groups}")
+    if topk_groups > groups or per_token > topk_groups * (experts // groups):
+        raise ConfigError(
+            f"{where}: num_experts_per_tok {per_token} from topk_group {topk_groups} of n_group {groups} groups of "
+            f"{experts // groups} experts cannot be chosen"
+        )
+    if experts // groups < 2:
+        raise ConfigError(f"{where}: groups of {experts // groups} expert(s); a group's score sums its top 2")
+    layers = need("num_hidden_layers")
+    dense = raw.get("first_k_dense_replace", 0)
+    if not isinstance(dense, int) or isinstance(dense, bool) or not 0 <= dense <= layers:
+        raise ConfigError(f"{where}: first_k_dense_replace must be an integer in 0..{layers}, got {dense!r}")
+    moe = MoEConfig(
+        experts,
+        per_token,
+        num_groups=groups,
+        topk_groups=topk_groups,
+        routed_scaling_factor=float(raw.get("routed_scaling_factor", 1.0)),
+        norm_topk_prob=bool(raw.get("norm_topk_prob", True)),
+        expert_intermediate_size=need("moe_intermediate_size"),
+        shared_experts=raw.get("n_shared_experts") or 0,
+        first_dense_layers=dense,
+    )
+    return dict(mla=mla, moe=moe, num_kv_heads=1, head_dim=mla.qk_rope_head_dim, quantization=method)
 
 
 def _as_list(value) -> list[int]:

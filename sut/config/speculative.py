@@ -1,18 +1,21 @@
 """The engine setting `speculative_config`, spelled as vLLM spells it:
 `{"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": a, "prompt_lookup_max": b}`,
 `{"method": "draft_model", "model": FOLDER, "num_speculative_tokens": k}` or
-`{"method": "eagle3", "model": HEAD_FOLDER, "num_speculative_tokens": k}`, plus our
-`"adaptive": true` (lower k for a sequence whose recent drafts were rejected).
+`{"method": "eagle3", "model": HEAD_FOLDER, "num_speculative_tokens": k}` or
+`{"method": "mtp", "num_speculative_tokens": k}` (DeepSeek-V3/R1's own multi-token-prediction module,
+read from the target's folder), plus our `"adaptive": true` (lower k for a sequence whose recent
+drafts were rejected).
 
-Checked here without reading any file; sut/spec_decode/draft_model.py checks a draft folder, and
-sut/spec_decode/eagle3.py an EAGLE3 head folder, against the target's before any model loads."""
+Checked here without reading any file; sut/spec_decode/draft_model.py checks a draft folder,
+sut/spec_decode/eagle3.py an EAGLE3 head folder, and sut/spec_decode/mtp.py the target's MTP module,
+against the target's before any model loads."""
 
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from sut.errors import ConfigError
 
-METHODS = ("ngram", "draft_model", "eagle3")
+METHODS = ("ngram", "draft_model", "eagle3", "mtp")
 MAX_SPECULATIVE_TOKENS = 32  # drafts per sequence and step at most (vLLM's MAX_SPEC_LEN)
 
 
@@ -22,7 +25,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int
     prompt_lookup_min: int = 1  # ngram: the shortest suffix matched
     prompt_lookup_max: int = 3  # ngram: the longest, tried first
-    model: str | None = None  # draft_model: its folder; eagle3: the head's
+    model: str | None = None  # draft_model: its folder; eagle3: the head's; mtp: none (the target's)
     adaptive: bool = False
 
     @staticmethod
@@ -72,15 +75,22 @@ class SpeculativeConfig:
                     f"is above prompt_lookup_max={config.prompt_lookup_max}"
                 )
             return config
+        extra = sorted({"prompt_lookup_min", "prompt_lookup_max"} & set(value))
+        if extra:
+            raise ConfigError(f"engine setting speculative_config.{extra[0]} is for method 'ngram', not {method!r}")
+        if method == "mtp":
+            if "model" in value:
+                raise ConfigError(
+                    "engine setting speculative_config.model is for methods 'draft_model' and 'eagle3', not 'mtp': "
+                    "the MTP module is read from the target model's own folder"
+                )
+            return SpeculativeConfig(**value)
         what = "the draft model's folder" if method == "draft_model" else "the EAGLE3 head's folder"
         if not isinstance(value.get("model"), str) or not value["model"]:
             raise ConfigError(
                 f"engine setting speculative_config.model must be a non-empty string ({what}) for method "
                 f"{method!r}, got {value.get('model')!r}"
             )
-        extra = sorted({"prompt_lookup_min", "prompt_lookup_max"} & set(value))
-        if extra:
-            raise ConfigError(f"engine setting speculative_config.{extra[0]} is for method 'ngram', not {method!r}")
         return SpeculativeConfig(**value)
 
     def check_fits(self, max_model_len: int, max_num_batched_tokens: int) -> None:
@@ -106,4 +116,6 @@ class SpeculativeConfig:
             return f"n-gram prompt lookup (k={k}, match {match} tokens{adaptive})"
         if self.method == "eagle3":
             return f"EAGLE3 head {Path(self.model).name} (k={k}{adaptive})"
+        if self.method == "mtp":
+            return f"the model's own MTP module, chained (k={k}{adaptive})"
         return f"draft model {Path(self.model).name} (k={k}{adaptive})"

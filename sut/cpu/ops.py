@@ -82,7 +82,8 @@ def rotary_c(q, k, cos, sin, lib):
 
 def store_kvcache_c(k, v, k_cache, v_cache, slot_mapping, lib):
     if not (
-        _heads_contiguous(k)
+        v is not None  # latent attention's one entry a token: the reference stores it
+        and _heads_contiguous(k)
         and _heads_contiguous(v)
         and _rows_contiguous(k_cache, v_cache)
         and slot_mapping.dtype == torch.int64
@@ -140,6 +141,8 @@ def decode_attention_c(
 def paged_attention_c(q, k, v, k_cache, v_cache, meta, scale, lib, sinks=None, sliding_window=None):
     if sinks is not None or sliding_window is not None:  # gpt-oss's: the C decode kernel has neither
         return paged_attention(q, k, v, k_cache, v_cache, meta, scale, sinks=sinks, sliding_window=sliding_window)
+    if v_cache.shape[-1] != k_cache.shape[-1]:  # latent attention's values, a part of its keys: neither
+        return paged_attention(q, k, v, k_cache, v_cache, meta, scale)
     if (
         q.dtype != F32
         or not q.is_contiguous()

@@ -27,11 +27,12 @@ from sut.engine.resolve import resolve
 from sut.engine.scheduler import Scheduler
 from sut.errors import ConfigError, InvalidRequestError, WorkerError
 from sut.outputs import RequestOutput
-from sut.parallel import Shard, broadcast, free_port, init_group
+from sut.parallel import Shard, TorchrunGroup, broadcast, free_port, init_group, torchrun_group
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
 from sut.spec_decode.draft_model import DraftModelProposer
 from sut.spec_decode.eagle3 import Eagle3Proposer
+from sut.spec_decode.mtp import MtpProposer
 from sut.spec_decode.ngram import NgramProposer
 from sut.spec_decode.proposer import Proposer
 from sut.worker.model_runner import ModelRunner
@@ -93,6 +94,9 @@ class LLMEngine:
                 draft.folder, draft.eagle3, self.runner, self.dtype, self.device, self.default_generator
             )
             self.runner.aux_layers = self.proposer.aux_layers  # the target's forwards keep the head's input
+        elif spec is not None and spec.method == "mtp":  # the target's own module, from its folder
+            self.proposer = MtpProposer(resolved.folder, self.runner, self.dtype, self.device, self.default_generator)
+            self.runner.aux_layers = self.proposer.aux_layers  # the residual stream leaving the last layer
         elif spec is not None:
             self.proposer = DraftModelProposer(
                 draft.folder,
@@ -113,10 +117,16 @@ class LLMEngine:
         self._next_id = itertools.count()
 
     def _start_ranks(self, resolved: ResolvedConfig):
-        """With tensor_parallel_size > 1: the other ranks' processes, and this one's shard (rank 0)."""
+        """With tensor_parallel_size > 1: the other ranks' processes, and this one's shard (rank 0);
+        under torchrun (sut/worker/torchrun_entry.py) the ranks it started, told to build this engine."""
         size = self.config.tensor_parallel_size
         if size == 1:
             return None, None
+        group = torchrun_group()
+        if group is not None:  # resolve() checked that this is rank 0 of `size` ranks
+            self.device = group.device(self.device.type)
+            group.start_engine(resolved)
+            return group, Shard(0, size)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", 0)  # rank r runs on the r-th visible GPU
         elif hasattr(os, "sched_getaffinity"):
@@ -239,7 +249,7 @@ class LLMEngine:
             self._propose_drafts()
         batch = self.scheduler.schedule(start)
         if batch:
-            # An EAGLE3 head is handed the step's hidden states after the update (the positions kept).
+            # An EAGLE3 or MTP head is handed the step's hidden states after the update (the positions kept).
             starts = [s.num_computed_tokens for s in batch.seqs] if self.runner.aux_layers else None
             sampled = self._execute(batch)
             now = time.perf_counter()
@@ -326,6 +336,9 @@ class LLMEngine:
         stop): none is left behind."""
         ranks = getattr(self, "ranks", None)
         if ranks is None:
+            return
+        if isinstance(ranks, TorchrunGroup):  # torchrun's: they wait for the next engine, in the group
+            ranks.end_engine()
             return
         n = len(ranks.procs)
         ranks.stop(ask=lambda alive: broadcast(None) if len(alive) == n and dist.is_initialized() else None)

@@ -13,9 +13,10 @@ from sut.config import DTYPES, EngineConfig, ModelConfig
 from sut.config.resolved import DraftModel, ResolvedConfig
 from sut.errors import CheckpointError, ConfigError
 from sut.model.checksums import verify_folder
-from sut.parallel import check_divides
+from sut.parallel import check_divides, check_fp8_blocks, torchrun_group
 from sut.spec_decode.draft_model import check_draft_folder
 from sut.spec_decode.eagle3 import check_eagle3_folder
+from sut.spec_decode.mtp import check_mtp_module
 
 
 def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
@@ -41,6 +42,7 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
     device = config.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = mc.dtype if config.dtype == "auto" else DTYPES[config.dtype]
     draft = None
     spec = config.speculative_config
     if spec is not None:
@@ -56,8 +58,12 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
                 )
             weight_bytes = sum(f.stat().st_size for f in draft_folder.glob("*.safetensors"))
             draft = DraftModel(draft_folder, draft_config, weight_bytes)
+        elif spec.method == "mtp":  # the target's own module, checked before any model loads
+            _check_head_settings(config, spec.method)
+            layer_config, weight_bytes = check_mtp_module(folder, mc, dtype)
+            draft = DraftModel(folder, layer_config, weight_bytes)
         elif spec.method == "eagle3":  # checked before any model loads
-            _check_eagle3_settings(config)
+            _check_head_settings(config, spec.method)
             head_folder = Path(spec.model).expanduser()
             head = check_eagle3_folder(head_folder, mc, max_model_len)
             weight_bytes = sum(f.stat().st_size for f in head_folder.glob("*.safetensors"))
@@ -66,14 +72,13 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
     _check_model_features(config, mc)
     if config.verify_checksums:
         verify_folder(folder)
-        if draft is not None:
+        if draft is not None and draft.folder != folder:  # an MTP module is the target's
             verify_folder(draft.folder)
-    dtype = mc.dtype if config.dtype == "auto" else DTYPES[config.dtype]
     return ResolvedConfig(folder, config, mc, max_model_len, dtype, device, draft)
 
 
-def _check_eagle3_settings(config: EngineConfig) -> None:
-    """What an EAGLE3 head does not run with yet."""
+def _check_head_settings(config: EngineConfig, method: str) -> None:
+    """What a head that reads the target's hidden states (EAGLE3, MTP) does not run with yet."""
     refused = {
         "tensor_parallel_size > 1": config.tensor_parallel_size > 1,  # the head would share a rank's embedding slice
         "cuda_graphs": config.cuda_graphs,  # a captured step does not keep the hidden states the head reads
@@ -83,7 +88,7 @@ def _check_eagle3_settings(config: EngineConfig) -> None:
     for setting, on in refused.items():
         if on:
             raise ConfigError(
-                f"engine settings speculative_config method 'eagle3' and {setting} do not go together yet"
+                f"engine settings speculative_config method {method!r} and {setting} do not go together yet"
             )
 
 
@@ -97,8 +102,23 @@ def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:
         what = f"data_parallel_size={dp}"
     if tp > 1:
         check_divides(mc, tp)
+        check_fp8_blocks(mc, tp)  # a rank's slices of FP8 weights are whole scale blocks
         if config.cuda_graphs:
             raise ConfigError("engine settings cuda_graphs and tensor_parallel_size > 1 do not go together yet")
+    group = torchrun_group()
+    if group is not None:  # the ranks torchrun started (sut/worker/torchrun_entry.py), on this node and others
+        if tp != group.size or dp > 1:
+            raise ConfigError(
+                f"engine settings tensor_parallel_size={tp} and {what}: under torchrun an engine's tensor-parallel "
+                f"ranks are the {group.size} processes torchrun started (WORLD_SIZE): set tensor_parallel_size="
+                f"{group.size}, one replica, no disaggregation"
+            )
+        if device.startswith("cuda") and torch.cuda.device_count() < group.local_size:
+            raise ConfigError(
+                f"torchrun started {group.local_size} ranks on this node (LOCAL_WORLD_SIZE), one a GPU, and "
+                f"{torch.cuda.device_count()} are visible"
+            )
+        return
     if dp > 1 and device.startswith("cuda:"):
         raise ConfigError(f"engine setting device={device!r} names one GPU, and {what} gives each its own: use 'cuda'")
     if device.startswith("cuda"):
@@ -117,7 +137,8 @@ def _check_parallel(config: EngineConfig, mc: ModelConfig, device: str) -> None:
 
 def _check_model_features(config: EngineConfig, mc: ModelConfig) -> None:
     """What the engine does not do yet for a model's kind of layers (gpt-oss's)."""
-    if mc.moe is not None and config.tensor_parallel_size > 1:
+    tp = config.tensor_parallel_size
+    if mc.moe is not None and mc.mla is None and tp > 1:  # DeepSeek-V3's experts split across the ranks
         raise ConfigError(
             f"engine setting tensor_parallel_size={config.tensor_parallel_size}: a mixture-of-experts model "
             f"({mc.architecture}) runs one replica per GPU here (data_parallel_size), not split across GPUs"

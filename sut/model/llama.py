@@ -72,13 +72,12 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None):
+        """`intermediate_size`: another than the config's (DeepSeek's shared experts)."""
         super().__init__()
-        bias = config.mlp_bias
-        self.gate_up_proj = FusedLinear(
-            config.hidden_size, {"gate_proj": config.intermediate_size, "up_proj": config.intermediate_size}, bias
-        )
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        bias, size = config.mlp_bias, intermediate_size or config.intermediate_size
+        self.gate_up_proj = FusedLinear(config.hidden_size, {"gate_proj": size, "up_proj": size}, bias)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=bias)
         self.tp: Shard | None = None  # tensor parallel: this rank's features, its output summed over the ranks
 
     def forward(self, x, ops: KernelOps):

@@ -4,12 +4,14 @@ adds in sut/config/model.py (tests/test_model_registry.py holds the two lists to
 
 from sut.config import ModelConfig
 from sut.errors import UnsupportedModelError
+from sut.model.deepseek_v3 import DeepseekV3ForCausalLM
 from sut.model.gpt_oss import GptOssForCausalLM
 from sut.model.llama import LlamaForCausalLM
 
 MODELS = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
 }
 
 

@@ -51,9 +51,16 @@ def _yarn(theta: float, dim: int, s: YarnScaling) -> tuple[torch.Tensor, float]:
     base = theta ** (torch.arange(0, dim, 2).float() / dim)
     inv_freq = 1.0 / (s.factor * base) * (1 - keep) + 1.0 / base * keep
     factor = s.attention_factor
-    if factor is None:
-        factor = 1.0 if s.factor <= 1 else 0.1 * math.log(s.factor) + 1.0
+    if factor is None and s.mscale and s.mscale_all_dim:
+        factor = yarn_mscale(s.factor, s.mscale) / yarn_mscale(s.factor, s.mscale_all_dim)
+    elif factor is None:
+        factor = yarn_mscale(s.factor)
     return inv_freq, float(factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched `factor` times: 0.1 mscale ln(factor) + 1."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class RotaryEmbedding(nn.Module):

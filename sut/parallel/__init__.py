@@ -8,8 +8,12 @@ its slices of the checkpoint (sut/model/loader.py), so no rank ever holds the wh
 
 Rank 0 is the engine's process: it schedules, broadcasts each step's StepInput to the other ranks
 (worker processes, sut/worker/tp_worker.py: a forward per step input they receive, until told to
-stop) and samples from the gathered logits. This package holds the split (shard.py) and the
-collectives (collectives.py) only.
+stop) and samples from the gathered logits. Or torchrun starts the ranks, on one node or several
+(torchrun.py: rank 0 runs the program, the others serve its engines' steps). DeepSeek-V3 splits its
+latent attention by heads and its routed experts by expert (expert parallelism: each rank holds
+1/N of them, whole; the router runs on every rank, and a rank's experts add their share of every
+token's output to the MoE's all-reduce). This package holds the split (shard.py), the collectives
+(collectives.py) and torchrun's group (torchrun.py) only.
 """
 
 from sut.parallel.collectives import (
@@ -21,20 +25,26 @@ from sut.parallel.collectives import (
     gather_logits,
     init_group,
 )
-from sut.parallel.shard import Shard, check_divides, local_config, read_shard, slice_for, split_of
+from sut.parallel.shard import Shard, check_divides, check_fp8_blocks, local_config, read_shard, slice_for, split_of
+from sut.parallel.torchrun import TorchrunGroup, join_torchrun, leave_torchrun, torchrun_group
 
 __all__ = [
     "COLLECTIVE_TIMEOUT",
     "Shard",
+    "TorchrunGroup",
     "all_reduce",
     "broadcast",
     "check_divides",
+    "check_fp8_blocks",
     "embed",
     "free_port",
     "gather_logits",
     "init_group",
+    "join_torchrun",
+    "leave_torchrun",
     "local_config",
     "read_shard",
     "slice_for",
     "split_of",
+    "torchrun_group",
 ]

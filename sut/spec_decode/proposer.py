@@ -2,10 +2,11 @@
 block_tables)` returns, per sequence, up to counts[i] draft tokens and the probabilities
 `[len, vocab]` each was sampled from (None for deterministic drafts). The verifier (sut/sample/verifier.py)
 sees only that, so a proposer of any kind plugs in without touching it: n-gram lookup
-(sut/spec_decode/ngram.py), a draft model (sut/spec_decode/draft_model.py), or an EAGLE3 head
-(sut/spec_decode/eagle3.py), which reads the target's hidden states: the engine hands it, after each
-step, those of the head's layer boundaries for the step's tokens (`observe(seqs, starts,
-num_new_tokens, aux)`), and it keeps, per sequence, the rows of the positions the target kept.
+(sut/spec_decode/ngram.py), a draft model (sut/spec_decode/draft_model.py), an EAGLE3 head
+(sut/spec_decode/eagle3.py) or DeepSeek-V3's MTP module (sut/spec_decode/mtp.py), which read the
+target's hidden states: the engine hands them, after each step, those of the head's layer boundaries
+for the step's tokens (`observe(seqs, starts, num_new_tokens, aux)`), and they keep, per sequence,
+the rows of the positions the target kept.
 
 Proposals are made at the start of a step, for the decoding sequences that have none, after the
 scheduler has reserved the k + 1 slots they will be verified in."""

@@ -47,14 +47,20 @@ class ModelRunner:
             torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
         self.block_size = config.block_size
         self.shard = shard
-        self.model = model if model is not None else load_model(model_path, model_config, dtype, device, shard)
+        self.model = (
+            model
+            if model is not None
+            else load_model(model_path, model_config, dtype, device, shard, quantization=config.quantization)
+        )
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
         if shard is not None:
             model_config = local_config(model_config, shard.size)
         # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend
         # switch (for a tensor-parallel rank, only what works on its slices).
+        # (Weights quantized at load no longer match the folder's GGUF blocks: none of those then.)
+        blocks_folder = model_path if config.quantization is None else None
         self.cpu = (
-            setup_cpu_backend(self.model, model_path, config.cpu, sliced=shard is not None)
+            setup_cpu_backend(self.model, blocks_folder, config.cpu, sliced=shard is not None)
             if device.type == "cpu"
             else None
         )
@@ -81,12 +87,16 @@ class ModelRunner:
                 "or lower max_model_len"
             )
         # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
+        tensors, heads, dim = kv_entry(c)
         self.kv_cache = torch.zeros(
-            2, max(slots) + 1, self.num_blocks, self.block_size, c.num_kv_heads, c.head_dim, dtype=dtype, device=device
+            tensors, max(slots) + 1, self.num_blocks, self.block_size, heads, dim, dtype=dtype, device=device
         )
         for slot, layer in zip(slots, self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, slot]
-            layer.self_attn.v_cache = self.kv_cache[1, slot]
+            # Latent attention caches one entry a token, whose first dims (the latent) are its values.
+            layer.self_attn.v_cache = (
+                self.kv_cache[1, slot] if tensors == 2 else self.kv_cache[0, slot][..., : c.mla.kv_lora_rank]
+            )
         # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
         # the step's hidden states, or None for a step it does not take.
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
@@ -201,7 +211,7 @@ class ModelRunner:
         if self.device.type != "cuda" or self.model.ops.paged_attention is not paged_attention_triton:
             return
         attn = self.model.model.layers[0].self_attn
-        q = torch.zeros(1, attn.num_heads, attn.head_dim, dtype=attn.k_cache.dtype, device=self.device)
+        q = torch.zeros(1, attn.num_heads, attn.k_cache.shape[-1], dtype=attn.k_cache.dtype, device=self.device)
         tables = torch.zeros(1, 1, dtype=torch.int32, device=self.device)
         lens = torch.ones(1, dtype=torch.int32, device=self.device)
         splits = 1
@@ -239,12 +249,29 @@ class ModelRunner:
 
 def layer_linear_flops(c: ModelConfig) -> int:
     """Multiply-adds x 2 per token in the decoder layers' linears: q, k, v, o and gate, up, down (of
-    each of a token's experts, and the router, in a mixture of experts)."""
+    each of a token's experts, its shared experts and the router, in a mixture of experts)."""
     attention = c.hidden_size * (2 * c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-    mlp = 3 * c.hidden_size * c.intermediate_size
-    if c.moe is not None:
-        mlp = c.moe.experts_per_token * mlp + c.hidden_size * c.moe.num_experts
-    return 2 * c.num_layers * (attention + mlp)
+    if c.mla is not None:  # the input's two projections, q_b, kv_b (as absorbed or expanded), o
+        m = c.mla
+        q = (
+            m.q_lora_rank * (c.hidden_size + c.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim))
+            if m.q_lora_rank
+            else c.hidden_size * c.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+        )
+        attention = (
+            q
+            + c.hidden_size * m.cache_dim
+            + c.num_heads * (m.kv_lora_rank * (m.qk_nope_head_dim + m.v_head_dim) + m.v_head_dim * c.hidden_size)
+        )
+    dense = 3 * c.hidden_size * c.intermediate_size
+    if c.moe is None:
+        return 2 * c.num_layers * (attention + dense)
+    per_expert = 3 * c.hidden_size * (c.moe.expert_intermediate_size or c.intermediate_size)
+    # A tensor-parallel rank's config (parallel_size > 1): its share of the experts' work; the router whole.
+    moe = (c.moe.experts_per_token + c.moe.shared_experts) * per_expert // c.moe.parallel_size
+    moe += c.hidden_size * c.moe.num_experts
+    dense_layers = c.moe.first_dense_layers
+    return 2 * (c.num_layers * attention + dense_layers * dense + (c.num_layers - dense_layers) * moe)
 
 
 def kv_window(c: ModelConfig) -> int | None:
@@ -268,9 +295,18 @@ def kv_layer_slots(c: ModelConfig) -> list[int]:
     return slots
 
 
+def kv_entry(c: ModelConfig) -> tuple[int, int, int]:
+    """What the KV cache holds per token per layer: (tensors, heads, dims): a key and a value of
+    each KV head, or with latent attention one entry (the latent and the rope key)."""
+    if c.mla is not None:
+        return 1, 1, c.mla.cache_dim
+    return 2, c.num_kv_heads, c.head_dim
+
+
 def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     layers = max(kv_layer_slots(c)) + 1
-    return 2 * layers * block_size * c.num_kv_heads * c.head_dim * dtype.itemsize
+    tensors, heads, dim = kv_entry(c)
+    return tensors * layers * block_size * heads * dim * dtype.itemsize
 
 
 def blocks_for_one_sequence(c: ModelConfig, block_size: int, length: int, chunk: int) -> int:

@@ -1,5 +1,7 @@
 """A tensor-parallel rank other than 0: a process that holds its share of the model and KV cache
-and runs a forward for each step input rank 0 broadcasts (sut/parallel/ says how the model splits)."""
+and runs a forward for each step input rank 0 broadcasts (sut/parallel/ says how the model splits).
+The engine spawns such processes itself (`worker_main`), or torchrun starts them, on this node and
+others (`serve_torchrun`, from sut/worker/torchrun_entry.py)."""
 
 import dataclasses
 import os
@@ -9,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from sut.config.resolved import ResolvedConfig
-from sut.parallel import Shard, broadcast, init_group
+from sut.parallel import Shard, TorchrunGroup, broadcast, init_group
 from sut.worker.model_runner import ModelRunner
 
 
@@ -26,12 +28,26 @@ def worker_main(rank: int, size: int, port: int, resolved: ResolvedConfig, devic
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // size))
     init_group(rank, size, port, torch_device)
     try:
-        num_blocks = broadcast()
-        runner = build_runner(resolved, torch_device, Shard(rank, size), num_blocks)
-        dist.all_gather_object([None] * size, runner.weight_bytes)
-        serve(runner, torch_device)
+        serve_engine(resolved, torch_device, Shard(rank, size))
     finally:
         dist.destroy_process_group()
+
+
+def serve_torchrun(group: TorchrunGroup) -> None:
+    """A rank other than 0 that torchrun started: the engines rank 0 starts, one after the other, each
+    from the settings it broadcasts, until it broadcasts None."""
+    while (resolved := broadcast()) is not None:
+        serve_engine(resolved, group.device(torch.device(resolved.device).type), Shard(group.rank, group.size))
+
+
+def serve_engine(resolved: ResolvedConfig, device: torch.device, shard: Shard) -> None:
+    """One engine's life on a rank other than 0: its runner, sized as rank 0's, then its steps."""
+    num_blocks = broadcast()
+    if num_blocks is None:  # rank 0's own runner failed: the engine ends before it started
+        return
+    runner = build_runner(resolved, device, shard, num_blocks)
+    dist.all_gather_object([None] * shard.size, runner.weight_bytes)
+    serve(runner, device)
 
 
 def serve(runner, device: torch.device) -> None:
