@@ -5,12 +5,18 @@ samples, each building on the last, every one measured the same way:
 2. continuous batching on the paged KV cache, whole prompts;
 3. chunked prefill, with the system's TPOT guard where it has one: the system's own batching;
 4. each speculative proposer of the system's `report.proposers`, on 3;
-5. each numerics option of `report.numerics` (an engine setting turned on), cumulatively on 3;
+5. each numerics option of `report.numerics` (an engine setting set to its `value`, true unless
+   given), cumulatively on 3: each on the last, but an option with `cumulative: false`, which
+   builds on 3 alone, and on which none builds (a setting that another one's arithmetic would
+   hide, or that would hide it: with `quantization` set the CPU backend drops the GGUF blocks
+   that `cpu.int16_activations` computes from);
 6. each layout of `report.layouts` (engine settings that place the engine on the machine's devices
    otherwise: data-parallel replicas, disaggregated prefill and decode workers; for the benchmarks
-   it names, all without) on the last of 5, the system's own settings.
-Configurations 1-4 run with every numerics option off, so that only 5 can move quality; a system
-that speculates in its own settings has that taken out of 1-3 and 5.
+   it names, all without) on the last cumulative configuration of 5, the system's own settings.
+Configurations 1-4 run with every numerics option off (at the setting's EngineConfig default:
+false, or None for `quantization`), so that only 5 can move quality; a system that speculates in
+its own settings has that taken out of 1-3 and 5. A numerics option's `note` (what its numbers
+mean on this system) goes with its configuration onto the page.
 
 The searches' targets are the Server limits and the engine's settings the system's Server ones, or
 another scenario's (`scenario`: Interactive), or targets given (`targets`); `only` runs the
@@ -91,6 +97,7 @@ class Config:
     change: str  # what it changes against `builds_on`, in words
     builds_on: str | None
     engine: dict  # every engine setting of its runs (over the system's)
+    note: str = ""  # what its numbers mean on this system, for the page (a numerics option's `note`)
 
 
 PRICES = ("price_per_hour", "price_per_accelerator_hour", "price_note")
@@ -135,6 +142,11 @@ def report_settings(system: System, benchmark: str) -> dict:
     settings["layouts"] = [
         layout for layout in settings["layouts"] if benchmark in layout.get("benchmarks", [benchmark])
     ]
+    if not isinstance(settings["numerics"], list):
+        raise HarnessConfigError(f"{where}.numerics must be a list of numerics options, got {settings['numerics']!r}")
+    settings["numerics"] = [
+        numerics_option(option, f"{where}.numerics[{i}]") for i, option in enumerate(settings["numerics"])
+    ]
     spread = settings["capacity_spread"]
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
         raise HarnessConfigError(f"{where}.capacity_spread must be a fraction >= 0, got {spread!r}")
@@ -143,6 +155,74 @@ def report_settings(system: System, benchmark: str) -> dict:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise HarnessConfigError(f"{where}.{key} must be a positive number, got {value!r}")
     return settings
+
+
+# A numerics option's keys: its label, the (dotted) engine setting, what it sets (true unless given),
+# false to build on 3 alone, and what its numbers mean on this system (the page shows it).
+NUMERICS_KEYS = ("name", "setting", "value", "cumulative", "note")
+
+
+def setting_default(path: str, where: str):
+    """EngineConfig's default of the (dotted) engine setting `path` (a numerics option's "off"), or
+    HarnessConfigError naming `where` for a setting EngineConfig does not have."""
+    from dataclasses import is_dataclass
+
+    from sut.config import EngineConfig
+
+    value, parts = EngineConfig(), path.split(".")
+    for depth, part in enumerate(parts):
+        group = ".".join(parts[:depth])
+        if not is_dataclass(value):  # speculative_config, disaggregation: whole objects (None by default)
+            raise HarnessConfigError(
+                f"{where}.setting: the engine has no setting {path!r}: {group!r} is not a group of settings"
+            )
+        known = [f.name for f in fields(value)]
+        if part not in known:
+            raise HarnessConfigError(
+                f"{where}.setting: the engine has no setting {path!r}; "
+                + (f"{group!r} holds {known}" if group else f"known: {known}")
+            )
+        value = getattr(value, part)
+    if is_dataclass(value):
+        raise HarnessConfigError(
+            f"{where}.setting: {path!r} is a group of engine settings; name one of {[f.name for f in fields(value)]}"
+        )
+    return value
+
+
+def numerics_option(option, where: str) -> dict:
+    """A numerics option of the system file (`where` names it), checked, with its defaults: `value`
+    True, `cumulative` True, `note` ""; its `value` checked by EngineConfig itself."""
+    from sut.config import EngineConfig
+    from sut.errors import ConfigError
+
+    if not isinstance(option, dict):
+        raise HarnessConfigError(
+            f"{where} must be an object with a name and an engine setting (and optionally {list(NUMERICS_KEYS[2:])}), "
+            f"got {option!r}"
+        )
+    unknown = sorted(set(option) - set(NUMERICS_KEYS))
+    if unknown:
+        raise HarnessConfigError(f"{where} has unknown keys {unknown}; known: {list(NUMERICS_KEYS)}")
+    for key in ("name", "setting"):
+        if not isinstance(option.get(key), str) or not option[key]:
+            raise HarnessConfigError(f"{where}.{key} must be a non-empty string, got {option.get(key)!r}")
+    option = {"value": True, "cumulative": True, "note": "", **option}
+    if not isinstance(option["cumulative"], bool):
+        raise HarnessConfigError(f"{where}.cumulative must be true or false, got {option['cumulative']!r}")
+    if not isinstance(option["note"], str):
+        raise HarnessConfigError(f"{where}.note must be a string, got {option['note']!r}")
+    off = setting_default(option["setting"], where)
+    try:
+        EngineConfig.from_kwargs(**with_setting({}, option["setting"], option["value"]))
+    except ConfigError as e:
+        raise HarnessConfigError(f"{where}.value: {e}") from None
+    if option["value"] == off:
+        raise HarnessConfigError(
+            f"{where}.value: {option['value']!r} is the default of {option['setting']}, the option's off: "
+            "it would change nothing"
+        )
+    return option
 
 
 def with_setting(engine: dict, path: str, value) -> dict:
@@ -166,7 +246,7 @@ def configurations(system: System, benchmark: str, longest_prompt: int, scenario
     own = {**{key: defaults[key] for key in sorted(others - set(own))}, **own}
     exact = {k: v for k, v in own.items() if k != "speculative_config"}
     for option in report["numerics"]:
-        exact = with_setting(exact, option["setting"], False)
+        exact = with_setting(exact, option["setting"], setting_default(option["setting"], "report.numerics"))
     # Without chunking every sequence must fit one step (sut/engine/llm_engine.py refuses otherwise).
     longest = longest_prompt + BENCHMARKS[benchmark].max_new_tokens
     unguarded = {
@@ -218,16 +298,23 @@ def configurations(system: System, benchmark: str, longest_prompt: int, scenario
         )
     last = chunked
     for i, option in enumerate(report["numerics"], 1):
+        on = last if option["cumulative"] else chunked
+        value = option["value"]
+        change = f"engine setting {option['setting']} " + ("on" if value is True else json.dumps(value))
+        if not option["cumulative"]:
+            change += f", on {chunked.label} alone (not on the numerics options before it)"
         configs.append(
             Config(
                 f"{NUMERICS_FOLDER}{i}",
                 option["name"],
-                f"engine setting {option['setting']} on",
-                last.label,
-                with_setting(last.engine, option["setting"], True),
+                change,
+                on.label,
+                with_setting(on.engine, option["setting"], value),
+                option["note"],
             )
         )
-        last = configs[-1]
+        if option["cumulative"]:
+            last = configs[-1]
     for i, layout in enumerate(report["layouts"], 1):
         configs.append(
             Config(

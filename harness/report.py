@@ -48,8 +48,11 @@ Where each figure comes from (the page says it too):
   time against it says how far from the limit a configuration runs.
 - Quality: the benchmark's accuracy metrics (ROUGE for the summarization ones) of the Offline
   run's responses, every report sample once, against their references; the change against the
-  first configuration; its target 99% of the first configuration's score on those samples (the
-  benchmark's rule, applied to this set of samples).
+  first configuration, and against the configuration it builds on where that one is in the report
+  (a numerics option's own cost, where it builds on another one's); its target 99% of the first
+  configuration's score on those samples (the benchmark's rule, applied to this set of samples).
+  A configuration's note (the system file's, for a numerics option) says what its numbers mean on
+  the machine: on a CPU, FP8 weights are rounded to FP8 and computed in fp32, for their quality.
 """
 
 import argparse
@@ -273,6 +276,7 @@ def configurations(
         out.append(
             {
                 **{k: config[k] for k in ("label", "change", "builds_on", "folder", "engine")},
+                "note": config.get("note", ""),  # a plan from before the notes has none
                 "offline": asdict(off),
                 "capacity_qps": search["capacity_qps"],
                 "failed_qps": search["failed_qps"],
@@ -306,6 +310,12 @@ def configurations(
     by_label = {c["label"]: c for c in out}
     for c in out:
         c["verdict"] = verdict(c, by_label.get(c["builds_on"]), plan.get("capacity_spread", 0.0))
+        on = by_label.get(c["builds_on"])
+        c["quality_change_on_builds_on"] = {
+            k: 100 * (c["quality"][k] - on["quality"][k]) / on["quality"][k]
+            for k in QUALITY_METRICS
+            if on is not None and c["quality"] and on["quality"].get(k)
+        }
     return out
 
 
@@ -369,6 +379,7 @@ def build(
             used_spread = plan.get("capacity_spread", 0.0)  # as the verdicts took it
         if (top / PEAKS).is_file():
             peaks = json.loads((top / PEAKS).read_text())
+    notes += [f"{c['label']}: {c['note']}" for c in configs if c.get("note")]
     figs = []
     for top, path in found:
         run = runs[path]

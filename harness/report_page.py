@@ -49,6 +49,14 @@ def _quality(c: dict, metric: str) -> str:
     return f"{c['quality'][metric]:.4f}" + ("" if change is None else f" ({change:+.2f}%)")
 
 
+def _quality_on_builds_on(c: dict, metrics: list[str]) -> str:
+    """Each metric's change against the configuration `c` builds on (n/a where that one is not in the report)."""
+    changes = c.get("quality_change_on_builds_on") or {}
+    if not changes:
+        return "n/a"
+    return ", ".join(f"{m} {changes[m]:+.2f}%" for m in metrics if m in changes)
+
+
 def _capacity(c: dict) -> str:
     if c["capacity_qps"] is None:
         return "none"
@@ -153,17 +161,32 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
                 + [[c["label"], "", "", "", "", "", "", "", c["search_summary"]] for c in configs],
             )
         )
+        metrics = report["quality_metrics"]
         out.append(
             (
                 "quality",
-                "Quality of each configuration's Offline responses",
-                ["configuration", "samples", *report["quality_metrics"], "tokens per sample"],
+                f"Quality of each configuration's Offline responses (changes against {base}; its target "
+                f"{report['quality_target']:.0%} of {base}'s)",
+                [
+                    "configuration",
+                    "samples",
+                    *metrics,
+                    "tokens per sample",
+                    "builds on",
+                    "change against what it builds on",
+                    f"meets {report['quality_target']:.0%}",
+                    "note",
+                ],
                 [
                     [
                         c["label"],
                         str(c["offline"]["queries"]),
-                        *(_quality(c, m) for m in report["quality_metrics"]),
+                        *(_quality(c, m) for m in metrics),
                         _num(c["quality"].get("tokens_per_sample")),
+                        c["builds_on"] or "",
+                        _quality_on_builds_on(c, metrics),
+                        {True: "yes", False: "NO", None: "n/a"}[c.get("meets_quality_target")],
+                        c.get("note", ""),
                     ]
                     for c in configs
                 ],

@@ -469,3 +469,9 @@ def test_fp8_checks_run_at_a_tiny_scale():
     failed = [r for r in rows if not r["ok"]]
     assert not failed, failed
     assert {"case", "dtype", "ok", "max_abs_err", "error"} == rows[0].keys()
+
+
+def test_fp8_and_int16_activations_are_refused_together():
+    """int16 activations compute from the GGUF blocks, which FP8's rounded weights replace: refused, not ignored."""
+    with pytest.raises(ConfigError, match="quantization='fp8' and cpu.int16_activations do not go together"):
+        EngineConfig.from_kwargs(quantization="fp8", cpu={"int16_activations": True, "quantized_weights": True})

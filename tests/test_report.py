@@ -2,6 +2,7 @@
 known; then the whole ablation on a tiny model, every figure on its page recomputed here from the
 LoadGen logs it cites, and the page rendered by headless Chromium."""
 
+import html
 import html.parser
 import json
 import re
@@ -474,6 +475,38 @@ def test_a_rate_run_twice_is_shown_by_its_run_that_met_the_targets(report_run, t
     shown = Path(again["at_capacity"]["folder"]).relative_to(runs)
     assert shown == Path(first["at_capacity"]["folder"]).relative_to(out / "runs") != Path(other["logs"])
     assert again["at_capacity"]["ttft_p99_ms"] == first["at_capacity"]["ttft_p99_ms"]
+
+
+def test_a_configurations_note_and_its_quality_against_what_it_builds_on_are_on_the_page(report_run, tmp_path):
+    # A numerics option's note (the system file's) goes with its configuration into the plan, and the
+    # page shows it beside the configuration's quality, and among the page's notes.
+    _, out, _, _ = report_run
+    runs = tmp_path / "runs"
+    shutil.copytree(out / "runs", runs)
+    plan = json.loads((runs / "ablation.json").read_text())
+    assert all(c["note"] == "" for c in plan["configs"])
+    note = "CPU: weights rounded to FP8 and computed in fp32: its quality is FP8's, its speed is not"
+    for config in plan["configs"]:
+        del config["note"]  # a plan from before the notes: none
+    plan["configs"][2]["note"] = note
+    (runs / "ablation.json").write_text(json.dumps(plan))
+    report = build([runs], tmp_path / "page", price=PRICE)
+    chunked = report["configurations"][2]
+    assert chunked["note"] == note and chunked["builds_on"] == "continuous batching"
+    assert chunked["quality_change_on_builds_on"] == {k: 0.0 for k in chunked["quality_change"]}  # greedy, exact
+    assert report["configurations"][0]["quality_change_on_builds_on"] == {}  # the first builds on nothing
+    page = (tmp_path / "page" / "report.html").read_text()
+    quality = Tables(page).tables["quality"]
+    header = quality[0]
+    rows = {row[0]: dict(zip(header, row)) for row in quality[1:]}
+    assert rows["chunked prefill"]["note"] == note and rows["static batching"]["note"] == ""
+    assert rows["chunked prefill"]["builds on"] == "continuous batching"
+    assert rows["chunked prefill"]["change against what it builds on"].startswith("rouge1 +0.00%, rouge2 +0.00%")
+    assert rows["static batching"]["change against what it builds on"] == "n/a"
+    assert rows["chunked prefill"]["meets 99%"] == "yes"
+    assert f"<p class='note'>chunked prefill: {html.escape(note)}</p>" in page
+    md = (tmp_path / "page" / "report.md").read_text()
+    assert f"- note: chunked prefill: {note}" in md and f"| {note} |" in md
 
 
 def test_headless_chromium_renders_the_page_with_every_image(report_run):

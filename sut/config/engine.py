@@ -93,6 +93,11 @@ class EngineConfig:
             raise ConfigError(f"engine setting block_size must be a power of two, got {self.block_size}")
         if self.static_batching and self.speculative_config is not None:
             raise ConfigError("engine settings static_batching and speculative_config do not go together")
+        if self.quantization is not None and self.cpu.int16_activations:
+            # int16 activations compute from the checkpoint's GGUF blocks, which FP8's rounded weights replace
+            raise ConfigError(
+                f"engine settings quantization={self.quantization!r} and cpu.int16_activations do not go together"
+            )
         if self.disaggregation is not None:
             if self.static_batching:
                 raise ConfigError("engine settings static_batching and disaggregation do not go together")
