@@ -30,11 +30,10 @@ import json
 import math
 import re
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-from accuracy.gpt_oss import CodeTests, SandboxLimits, load_lcb_problems, run_code
+from accuracy.gpt_oss import CodeTests, SandboxLimits, load_lcb_problems, run_code_jobs
 from accuracy.math_grade import SympyJudge, grade_answer
 
 # The reference's graders, in the order it tries them: a dataset name is graded by the first of these
@@ -227,7 +226,7 @@ def score_samples(
         if subset in ("aime", *CHOICES):
             result["detail"] = "correct" if result["correct"] else f"wrong: {answer} (expected {truth})"
     timeouts = _grade_math(math_jobs, math_timeout)
-    _run_code_jobs(code_jobs, limits or SandboxLimits())
+    run_code_jobs(code_jobs, limits or SandboxLimits())
     summary = _summary(graded)
     summary["math_timeouts"] = timeouts
     return summary
@@ -253,17 +252,6 @@ def _grade_math(jobs: list, timeout: float) -> int:
             result["correct"] = grade_answer(answer, truth, judge)
             result["detail"] = "correct" if result["correct"] else f"wrong: {answer[:80]} (expected {truth[:80]})"
         return judge.timeouts
-
-
-def _run_code_jobs(jobs: list, limits: SandboxLimits) -> None:
-    if not jobs:
-        return
-    from tqdm import tqdm
-
-    with ThreadPoolExecutor(max_workers=max(1, limits.workers)) as pool:
-        futures = [pool.submit(run_code, code, problem, limits) for _, code, problem in jobs]
-        for (result, _, _), future in zip(jobs, tqdm(futures, desc="livecodebench tests", disable=None)):
-            result["correct"], result["detail"] = future.result()
 
 
 def _summary(graded: list[dict]) -> dict:

@@ -660,7 +660,7 @@ def score_samples(
         else:
             result.update(_grade_answer(family, sample.text, truth))
         graded.append(result)
-    _run_code_jobs(code_jobs, limits or SandboxLimits())
+    run_code_jobs(code_jobs, limits or SandboxLimits())
     return _summary(graded)
 
 
@@ -698,7 +698,9 @@ def _same_integer(answer: int, truth) -> bool:
         return False
 
 
-def _run_code_jobs(jobs: list, limits: SandboxLimits) -> None:
+def run_code_jobs(jobs: list, limits: SandboxLimits) -> None:
+    """Each job's (result, code, problem): its code run against the problem's tests, a few at a time;
+    the result's `correct` and `detail` set."""
     if not jobs:
         return
     from tqdm import tqdm
