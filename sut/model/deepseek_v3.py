@@ -45,11 +45,11 @@ LATENT_NORM_EPS = 1e-6  # transformers' q_a_layernorm and kv_a_layernorm take th
 
 @dataclass
 class DecompressPlan:
-    """For the step's sequences after `first_seq` (the decompressed ones): the cache blocks they read,
-    in order, and their block tables over the decompressed copy of those blocks."""
+    """A step's leading `num_absorbed` decodes (one row each) attend absorbed; for the sequences after
+    them (decompressed): the cache blocks they read, in order, and their metadata, whose block tables
+    index the decompressed copy of those blocks."""
 
-    first_seq: int
-    first_token: int
+    num_absorbed: int
     blocks: torch.Tensor
     meta: AttentionMetadata
 
@@ -103,11 +103,11 @@ class DeepseekV3Attention(nn.Module):
         plan = self._plan(meta)
         w_uk, w_uv = self.w_uk, self.w_uv
         out = x.new_empty(n, self.num_heads, self.v_dim)
-        a = n if plan is None else plan.first_token
+        a = n if plan is None else plan.num_absorbed
         if a:  # absorbed: multi-query attention over the latent cache
             q_latent = torch.bmm(q_nope[:a].transpose(0, 1), w_uk).transpose(0, 1)
             q_abs = torch.cat((q_latent, q_pe[:a]), dim=-1)
-            absorbed_meta = meta if plan is None else _leading(meta, plan.first_seq)
+            absorbed_meta = meta if plan is None else _leading(meta, a)
             o = ops.paged_attention(
                 q_abs, entry[:a], entry[:a, :, : self.rank], self.k_cache, self.v_cache, absorbed_meta, self.scale
             )
@@ -186,7 +186,7 @@ def _decompress_plan(meta: AttentionMetadata, block_size: int) -> DecompressPlan
         query_lens_host=meta.query_lens_host[d:],
         seq_lens_host=meta.seq_lens_host[d:],
     )
-    return DecompressPlan(d, d, blocks, sub)
+    return DecompressPlan(d, blocks, sub)
 
 
 class DeepseekV3Router(nn.Module):
@@ -339,8 +339,6 @@ class DeepseekV3MoE(nn.Module):
 
 
 class DeepseekV3DecoderLayer(LlamaDecoderLayer):
-    attention_class = DeepseekV3Attention
-
     def __init__(self, config: ModelConfig, layer: int = 0):
         nn.Module.__init__(self)
         self.self_attn = DeepseekV3Attention(config, layer)
