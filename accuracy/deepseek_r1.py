@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from accuracy.gpt_oss import CodeTests, SandboxLimits, load_lcb_problems, run_code_jobs
+from accuracy.gpt_oss import CodeTests, SandboxLimits, load_lcb_problems, plain_cell, read_frame, run_code_jobs
 from accuracy.math_grade import SympyJudge, grade_answer
 
 # The reference's graders, in the order it tries them: a dataset name is graded by the first of these
@@ -313,7 +313,7 @@ def load_records(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise DeepSeekR1AccuracyError(f"{path}: dataset file not found")
-    frame = _read_frame(path)
+    frame = read_frame(path, DeepSeekR1AccuracyError)
     truth = "ground_truth" if "ground_truth" in frame.columns else "gt_output"
     missing = [name for name in ("dataset", truth) if name not in frame.columns]
     if missing:
@@ -323,31 +323,7 @@ def load_records(path: str | Path) -> list[dict]:
         )
     if not len(frame):
         raise DeepSeekR1AccuracyError(f"{path}: the dataset has no samples")
-    return [{"dataset": _plain(d), "ground_truth": _plain(t)} for d, t in zip(frame["dataset"], frame[truth])]
-
-
-def _read_frame(path: Path):
-    import pandas as pd
-
-    readers = {".parquet": [pd.read_parquet], ".pkl": [pd.read_pickle], ".pickle": [pd.read_pickle]}
-    errors = []
-    for read in readers.get(path.suffix, [pd.read_parquet, pd.read_pickle]):
-        try:
-            frame = read(path)
-        except Exception as e:  # noqa: BLE001 - pyarrow and pickle share no error base
-            errors.append(f"{type(e).__name__}: {e}")
-            continue
-        if isinstance(frame, pd.DataFrame):
-            return frame
-        errors.append(f"holds a {type(frame).__name__}, not a table")
-    raise DeepSeekR1AccuracyError(f"{path}: not a parquet or pickled pandas table ({'; '.join(errors)})")
-
-
-def _plain(value):
-    """A table cell as a plain Python value; None where it is missing (None, NaN, pandas NA)."""
-    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy scalar
-        value = value.item()
-    return None if _missing(value) else value
+    return [{"dataset": plain_cell(d), "ground_truth": plain_cell(t)} for d, t in zip(frame["dataset"], frame[truth])]
 
 
 def dataset_subsets(path: str | Path) -> set[str]:

@@ -773,7 +773,7 @@ def load_records(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise GptOssAccuracyError(f"{path}: dataset file not found")
-    frame = _read_frame(path)
+    frame = read_frame(path)
     missing = [name for name in ("dataset", "ground_truth") if name not in frame.columns]
     if missing:
         raise GptOssAccuracyError(
@@ -783,12 +783,14 @@ def load_records(path: str | Path) -> list[dict]:
     if not len(frame):
         raise GptOssAccuracyError(f"{path}: the dataset has no samples")
     return [
-        {"dataset": _plain(name), "ground_truth": _plain(truth)}
+        {"dataset": plain_cell(name), "ground_truth": plain_cell(truth)}
         for name, truth in zip(frame["dataset"], frame["ground_truth"])
     ]
 
 
-def _read_frame(path: Path):
+def read_frame(path: Path, error: type[Exception] = GptOssAccuracyError):
+    """The pandas table in a parquet or pickle file (by its suffix; else parquet, then pickle, as the
+    references read them); `error` naming the file and what each reader said where none gives one."""
     import pandas as pd
 
     def parquet():
@@ -814,10 +816,10 @@ def _read_frame(path: Path):
         if isinstance(frame, pd.DataFrame):
             return frame
         errors.append(f"holds a {type(frame).__name__}, not a table")
-    raise GptOssAccuracyError(f"{path}: not a parquet or pickled pandas table ({'; '.join(errors)})")
+    raise error(f"{path}: not a parquet or pickled pandas table ({'; '.join(errors)})")
 
 
-def _plain(value):
+def plain_cell(value):
     """A table cell as a plain Python value; None where it is missing (None, NaN, pandas NA)."""
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):  # a numpy scalar
         value = value.item()
