@@ -42,13 +42,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from compliance.check import SYSTEM_REQUIRED_FIELDS, check_tree
+from compliance.check import check_tree
 from compliance.package import package
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
 from tests.helpers import hf_greedy
 from tests.test_deepseek_v3 import tiny_deepseek
-from tests.tiny_system import MEASUREMENTS, reseal
+from tests.tiny_system import reseal, write_system
 
 SYSTEM = "tiny-deepseek-r1"
 BENCHMARK = BENCHMARKS["deepseek-r1"]
@@ -242,33 +242,6 @@ def reference_run(model, model_dir: Path, dataset: Path) -> dict:
     return {"prompts": prompts, "outputs": outputs, **{k: result[k] for k in ("exact_match", "tokens_per_sample")}}
 
 
-def write_system(root: Path, model_dir: Path, dataset: Path, reference: Path) -> None:
-    system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
-    system.update(
-        division="open",
-        submitter="TestOrg",
-        status="rdi",
-        system_type="datacenter",
-        saaf_harness={
-            "model": str(model_dir),
-            "datasets": {"deepseek-r1": str(dataset)},
-            "accuracy_reference": str(reference),
-            "engine": {"num_kv_blocks": 512},
-            "scenarios": list(SCENARIOS),
-            "model_name": SYSTEM,
-            "demo": True,
-        },
-    )
-    (root / "systems").mkdir()
-    (root / "systems" / f"{SYSTEM}.json").write_text(json.dumps(system))
-    for scenario in SCENARIOS:
-        folder = root / "measurements" / SYSTEM / "deepseek-r1" / scenario
-        folder.mkdir(parents=True)
-        (folder / "user.conf").write_text(USER_CONF)
-        (folder / "measurements.json").write_text(json.dumps(MEASUREMENTS))
-        (folder / "README.md").write_text(f"tiny DeepSeek-V3 {scenario}\n")
-
-
 def harness_run(root: Path, scenario: str, mode: str) -> subprocess.CompletedProcess:
     """`python -m harness run` in a process of its own, on one torch thread (the tiny model's steps
     are too small to share; tests/test_gpt_oss_chain.py says what two threads cost)."""
@@ -307,7 +280,10 @@ def chain(tmp_path_factory):
             }
         )
     )
-    write_system(root, model_dir, dataset, reference_file)
+    write_system(
+        root, model_dir, dataset, reference_file, benchmark="deepseek-r1", name=SYSTEM, model_name=SYSTEM,
+        num_kv_blocks=512, scenarios=SCENARIOS, user_conf=USER_CONF,
+    )  # fmt: skip
     verdicts = {}
     for scenario in SCENARIOS:
         for mode in MODES:

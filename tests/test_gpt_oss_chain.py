@@ -29,12 +29,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from compliance.check import SYSTEM_REQUIRED_FIELDS, Report, check_scenario, check_tree
+from compliance.check import Report, check_scenario, check_tree
 from compliance.package import package
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
 from tests.test_gpt_oss import yarn
-from tests.tiny_system import MEASUREMENTS, reseal
+from tests.tiny_system import reseal, write_system
 
 SYSTEM = "tiny-gpt-oss"
 HARMONY = ["<|endoftext|>", "<|return|>", "<|call|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>"]
@@ -182,33 +182,6 @@ def reference_run(model, model_dir: Path, prompts: list[list[int]], dataset: Pat
     return {"outputs": outputs, "exact_match": result["exact_match"], "tokens_per_sample": result["tokens_per_sample"]}
 
 
-def write_system(root: Path, model_dir: Path, sets: dict, reference: Path) -> None:
-    system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
-    system.update(
-        division="open",
-        submitter="TestOrg",
-        status="rdi",
-        system_type="datacenter",
-        saaf_harness={
-            "model": str(model_dir),
-            "datasets": {"gpt-oss-120b": {mode: str(path) for mode, path in sets.items()}},
-            "accuracy_reference": str(reference),
-            "engine": {"num_kv_blocks": 2048},
-            "scenarios": list(SCENARIOS),
-            "model_name": SYSTEM,
-            "demo": True,
-        },
-    )
-    (root / "systems").mkdir()
-    (root / "systems" / f"{SYSTEM}.json").write_text(json.dumps(system))
-    for scenario in SCENARIOS:
-        folder = root / "measurements" / SYSTEM / "gpt-oss-120b" / scenario
-        folder.mkdir(parents=True)
-        (folder / "user.conf").write_text(USER_CONF)
-        (folder / "measurements.json").write_text(json.dumps(MEASUREMENTS))
-        (folder / "README.md").write_text(f"tiny gpt-oss {scenario}\n")
-
-
 def harness_run(root: Path, scenario: str, mode: str) -> subprocess.CompletedProcess:
     """`python -m harness run` in a process of its own. One torch thread: the tiny model's steps are
     too small to share, and two threads on a busy 2-core machine ran its 1350 steps in 129 s against
@@ -270,7 +243,10 @@ def chain(tmp_path_factory):
             }
         )
     )
-    write_system(root, model_dir, sets, reference_file)
+    write_system(
+        root, model_dir, sets, reference_file, benchmark="gpt-oss-120b", name=SYSTEM, model_name=SYSTEM,
+        scenarios=SCENARIOS, user_conf=USER_CONF,
+    )  # fmt: skip
     verdicts = {}
     for scenario in SCENARIOS:
         for mode in MODES:

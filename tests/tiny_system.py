@@ -32,7 +32,22 @@ MEASUREMENTS = {
 }
 
 
-def write_system(root, model_dir, dataset, reference):
+def write_system(
+    root,
+    model_dir,
+    dataset,
+    reference,
+    *,
+    benchmark="llama3.1-8b",
+    name="tiny",
+    model_name="tiny-llama",
+    num_kv_blocks=2048,
+    scenarios=("Offline", "Server"),
+    user_conf=USER_CONF,
+):
+    """`root`'s systems/<name>.json (open division, a demo) running `model_dir` on `benchmark`'s
+    `dataset` (a file, or {mode: file}), and its measurements folders with `user_conf`."""
+    datasets = {mode: str(path) for mode, path in dataset.items()} if isinstance(dataset, dict) else str(dataset)
     system = {key: "N/A" for key in SYSTEM_REQUIRED_FIELDS}
     system.update(
         division="open",
@@ -41,22 +56,22 @@ def write_system(root, model_dir, dataset, reference):
         system_type="datacenter",
         saaf_harness={
             "model": str(model_dir),
-            "datasets": {"llama3.1-8b": str(dataset)},
+            "datasets": {benchmark: datasets},
             "accuracy_reference": str(reference),
-            "engine": {"num_kv_blocks": 2048},
-            "scenarios": ["Offline", "Server"],
-            "model_name": "tiny-llama",
+            "engine": {"num_kv_blocks": num_kv_blocks},
+            "scenarios": list(scenarios),
+            "model_name": model_name,
             "demo": True,
         },
     )
     (root / "systems").mkdir()
-    (root / "systems" / "tiny.json").write_text(json.dumps(system))
-    for scenario in ("Offline", "Server"):
-        folder = root / "measurements" / "tiny" / "llama3.1-8b" / scenario
+    (root / "systems" / f"{name}.json").write_text(json.dumps(system))
+    for scenario in scenarios:
+        folder = root / "measurements" / name / benchmark / scenario
         folder.mkdir(parents=True)
-        (folder / "user.conf").write_text(USER_CONF)
+        (folder / "user.conf").write_text(user_conf)
         (folder / "measurements.json").write_text(json.dumps(MEASUREMENTS))
-        (folder / "README.md").write_text(f"tiny {scenario}\n")
+        (folder / "README.md").write_text(f"{model_name} {scenario}\n")
 
 
 def reseal(folder):
