@@ -50,6 +50,7 @@ class DecompressPlan:
     index the decompressed copy of those blocks."""
 
     num_absorbed: int
+    absorbed_meta: AttentionMetadata  # the leading decodes' (shared by the layers, as their attention plans are)
     blocks: torch.Tensor
     meta: AttentionMetadata
 
@@ -107,7 +108,7 @@ class DeepseekV3Attention(nn.Module):
         if a:  # absorbed: multi-query attention over the latent cache
             q_latent = torch.bmm(q_nope[:a].transpose(0, 1), w_uk).transpose(0, 1)
             q_abs = torch.cat((q_latent, q_pe[:a]), dim=-1)
-            absorbed_meta = meta if plan is None else _leading(meta, a)
+            absorbed_meta = meta if plan is None else plan.absorbed_meta
             o = ops.paged_attention(
                 q_abs, entry[:a], entry[:a, :, : self.rank], self.k_cache, self.v_cache, absorbed_meta, self.scale
             )
@@ -186,7 +187,7 @@ def _decompress_plan(meta: AttentionMetadata, block_size: int) -> DecompressPlan
         query_lens_host=meta.query_lens_host[d:],
         seq_lens_host=meta.seq_lens_host[d:],
     )
-    return DecompressPlan(d, blocks, sub)
+    return DecompressPlan(d, _leading(meta, d), blocks, sub)
 
 
 class DeepseekV3Router(nn.Module):
