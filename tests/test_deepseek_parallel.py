@@ -25,6 +25,7 @@ from systems.schema import REPO
 from tests.helpers import process_alive, random_prompts
 from tests.test_deepseek_v3 import CONFIGS, DEEPSEEK_TINY, tiny_deepseek
 from tests.test_gpt_oss import GPT_OSS_TINY
+from tests.test_mtp import near_bigram, write_target
 
 # A small pool and step budget: prompts go in chunks (steps mixing absorbed decodes with
 # decompressed chunks), and sequences are preempted.
@@ -152,15 +153,15 @@ GENERATE_SCRIPT = """
 import json, sys
 from sut import LLM, SamplingParams
 from sut.errors import ConfigError
-out, prompts, *folders = sys.argv[1:]
+out, prompts, *engines = sys.argv[1:]  # folder, its own settings as JSON, folder, ...
 settings = {settings!r}
 result = {{"outputs": [], "weights": []}}
 try:
-    LLM(folders[0], **settings)
+    LLM(engines[0], **settings)
 except ConfigError as e:
     result["one_rank"] = str(e)
-for folder in folders:  # engine after engine on the same ranks
-    llm = LLM(folder, tensor_parallel_size=2, **settings)
+for folder, own in zip(engines[::2], engines[1::2]):  # engine after engine on the same ranks
+    llm = LLM(folder, tensor_parallel_size=2, **settings, **json.loads(own))
     params = SamplingParams(max_tokens=16, ignore_eos=True)
     result["outputs"].append([o.token_ids for o in llm.generate(json.loads(prompts), params)])
     result["weights"].append(llm.engine.rank_weight_bytes)
@@ -227,14 +228,18 @@ def stop(launcher: subprocess.Popen) -> None:
 
 
 def test_torchrun_ranks_generate_as_one_process(tiny_llama, tmp_path):
-    """DeepSeek, then Llama, on the two ranks torchrun started; an engine of one rank is refused by name."""
+    """DeepSeek, Llama, then DeepSeek drafting with its MTP module (on both ranks), on the two ranks
+    torchrun started; an engine of one rank is refused by name."""
     deepseek = tmp_path / "deepseek"
     tiny_deepseek(deepseek, seed=5)
-    folders = [deepseek, tiny_llama[0]]
-    want = [[o.token_ids for o in LLM(f, **SETTINGS).generate(PROMPTS, PARAMS)] for f in folders]
+    with_module = write_target(tmp_path / "with-mtp", seed=2, craft=near_bigram(0.005, 0.01))
+    engines = [(deepseek, {}), (tiny_llama[0], {}), (with_module.folder, {"speculative_config": with_module.spec(3)})]
+    want = [[o.token_ids for o in LLM(f, **SETTINGS).generate(PROMPTS, PARAMS)] for f, _ in engines]
     script, out = tmp_path / "generate.py", tmp_path / "out.json"
     script.write_text(GENERATE_SCRIPT.format(settings=SETTINGS))
-    status, output = torchrun(script, out, json.dumps(PROMPTS), *folders)
+    status, output = torchrun(
+        script, out, json.dumps(PROMPTS), *[x for f, own in engines for x in (f, json.dumps(own))]
+    )
     assert status == 0, output
     result = json.loads(out.read_text())
     assert result["outputs"] == want

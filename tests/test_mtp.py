@@ -27,6 +27,7 @@ from kernels.fp8 import FP8_BLOCK, dequantize_fp8, quantize_fp8_block
 from sut import LLM, LLMEngine, SamplingParams
 from sut.config import ModelConfig
 from sut.errors import ConfigError
+from sut.model.deepseek_mtp import load_mtp_layer
 from tests.helpers import hf_greedy, random_prompts
 from tests.test_deepseek_v3 import DEEPSEEK_TINY
 from tests.test_speculative import chi_square_p_value
@@ -234,6 +235,32 @@ def test_greedy_output_is_plain_decodings_and_transformers(random_module, random
     engine.block_manager.check_invariants([])
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
     assert len(engine.proposer.pending) == 0  # nothing kept for finished sequences
+
+
+def test_two_tensor_parallel_ranks_draft_as_one_process(near):
+    """The module on both ranks of TP 2 (gloo; its heads, experts and shared-expert features split
+    as the target's): greedy output token-identical to one process's with and without MTP, in
+    chunks with preemptions, with as many drafts proposed and accepted as in one process."""
+    prompts = random_prompts(LENGTHS, seed=3)
+    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    settings = dict(CHUNKED, speculative_config=near.spec(3))
+    plain, _ = generate(near.folder, prompts, params, **CHUNKED)
+    one, engine = generate(near.folder, prompts, params, **settings)
+    two = LLM(near.folder, device="cpu", tensor_parallel_size=2, **settings)
+    try:
+        assert [o.token_ids for o in two.generate(prompts, params)] == one == plain
+        ours, theirs = two.engine.spec_stats(), engine.spec_stats()
+        assert 0 < ours["num_accepted_tokens"] < ours["num_draft_tokens"]  # chains accepted and cut
+        assert {k: ours[k] for k in ("num_draft_tokens", "num_accepted_tokens")} == {
+            k: theirs[k] for k in ("num_draft_tokens", "num_accepted_tokens")
+        }
+        assert two.engine.scheduler.num_preemptions > 0
+        module = two.engine.runner.mtp
+        assert module.mlp.experts.gate_up_proj.shape[0] == DEEPSEEK_TINY["n_routed_experts"] // 2
+        _, rank_bytes = mtp.check_mtp_module(near.folder, ModelConfig.from_folder(near.folder), torch.float32, 2)
+        assert rank_bytes == sum(p.numel() * p.element_size() for p in module.parameters())  # what sizes the KV pool
+    finally:
+        two.engine.close()
 
 
 def test_adaptive_speculation_keeps_the_output(random_module):
@@ -459,11 +486,11 @@ def test_the_module_never_writes_the_targets_kv_cache(near, monkeypatch):
     propose = mtp.MtpProposer.propose
 
     def checked(self, seqs, counts, block_tables):
-        before, own = self.runner.kv_cache.clone(), self.kv_cache.clone()
+        before, own = self.runner.kv_cache.clone(), self.runner.mtp_kv_cache.clone()
         out = propose(self, seqs, counts, block_tables)
         if any(d for d, _ in out):
             assert torch.equal(self.runner.kv_cache, before), "the module wrote the target's KV cache"
-            assert not torch.equal(self.kv_cache, own), "the module wrote nothing of its own"
+            assert not torch.equal(self.runner.mtp_kv_cache, own), "the module wrote nothing of its own"
             calls.append(len(seqs))
         return out
 
@@ -471,11 +498,11 @@ def test_the_module_never_writes_the_targets_kv_cache(near, monkeypatch):
     engine = LLMEngine(
         near.folder, device="cpu", num_kv_blocks=96, block_size=4, max_model_len=96, speculative_config=near.spec(3)
     )
-    ours, theirs = engine.proposer.kv_cache.untyped_storage(), engine.runner.kv_cache.untyped_storage()
+    ours, theirs = engine.runner.mtp_kv_cache.untyped_storage(), engine.runner.kv_cache.untyped_storage()
     assert (
         ours.data_ptr() + ours.nbytes() <= theirs.data_ptr() or theirs.data_ptr() + theirs.nbytes() <= ours.data_ptr()
     )
-    assert engine.proposer.kv_cache.shape[2:] == (
+    assert engine.runner.mtp_kv_cache.shape[2:] == (
         96,
         4,
         1,
@@ -493,7 +520,7 @@ def test_the_module_loads_as_the_checkpoint_holds_it(random_module):
     """In bf16 the router stays fp32 (as the target's); the experts are stacked from the per-expert
     tensors; the checkpoint's copies of the embedding and LM head are not read (the target's are used)."""
     config = ModelConfig.from_folder(random_module.folder)
-    layer = mtp.load_mtp_layer(random_module.folder, config, torch.bfloat16, torch.device("cpu"))
+    layer = load_mtp_layer(random_module.folder, config, torch.bfloat16, torch.device("cpu"))
     tensors = load_file(random_module.folder / "model.safetensors")
     p = f"model.layers.{config.num_layers}."
     assert layer.mlp.gate.weight.dtype == layer.mlp.gate.e_score_correction_bias.dtype == torch.float32
@@ -522,7 +549,7 @@ def test_fp8_module_weights_are_dequantized(random_module, tmp_path):
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = ModelConfig.from_folder(folder)
     mtp.check_mtp_module(folder, config, torch.float32)
-    layer = mtp.load_mtp_layer(folder, config, torch.float32, torch.device("cpu"))
+    layer = load_mtp_layer(folder, config, torch.float32, torch.device("cpu"))
     want = dequantize_fp8(tensors[names[0]], tensors[names[0] + "_scale_inv"], FP8_BLOCK)
     assert torch.equal(layer.eh_proj.weight, want)
     want = dequantize_fp8(tensors[names[2]], tensors[names[2] + "_scale_inv"], FP8_BLOCK)
@@ -559,7 +586,6 @@ def test_targets_it_cannot_draft_for_are_refused_by_name(tiny_llama, tmp_path):
         ({"prompt_lookup_max": 2}, {}, "prompt_lookup_max is for method 'ngram', not 'mtp'"),
         ({}, {"cuda_graphs": True}, "method 'mtp' and cuda_graphs do not go together"),
         ({}, {"enable_prefix_caching": True}, "method 'mtp' and enable_prefix_caching do not go together"),
-        ({}, {"tensor_parallel_size": 2}, r"method 'mtp' and tensor_parallel_size > 1 do not go together"),
     ],
 )
 def test_settings_it_cannot_run_with_are_refused_by_name(random_module, spec, settings, message):

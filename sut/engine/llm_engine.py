@@ -94,8 +94,8 @@ class LLMEngine:
                 draft.folder, draft.eagle3, self.runner, self.dtype, self.device, self.default_generator
             )
             self.runner.aux_layers = self.proposer.aux_layers  # the target's forwards keep the head's input
-        elif spec is not None and spec.method == "mtp":  # the target's own module, from its folder
-            self.proposer = MtpProposer(resolved.folder, self.runner, self.dtype, self.device, self.default_generator)
+        elif spec is not None and spec.method == "mtp":  # the target's own module, which its runner holds
+            self.proposer = MtpProposer(self.runner, self.default_generator)
             self.runner.aux_layers = self.proposer.aux_layers  # the residual stream leaving the last layer
         elif spec is not None:
             self.proposer = DraftModelProposer(

@@ -60,7 +60,7 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
             draft = DraftModel(draft_folder, draft_config, weight_bytes)
         elif spec.method == "mtp":  # the target's own module, checked before any model loads
             _check_head_settings(config, spec.method)
-            layer_config, weight_bytes = check_mtp_module(folder, mc, dtype)
+            layer_config, weight_bytes = check_mtp_module(folder, mc, dtype, config.tensor_parallel_size)
             draft = DraftModel(folder, layer_config, weight_bytes)
         elif spec.method == "eagle3":  # checked before any model loads
             _check_head_settings(config, spec.method)
@@ -80,7 +80,8 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
 def _check_head_settings(config: EngineConfig, method: str) -> None:
     """What a head that reads the target's hidden states (EAGLE3, MTP) does not run with yet."""
     refused = {
-        "tensor_parallel_size > 1": config.tensor_parallel_size > 1,  # the head would share a rank's embedding slice
+        # An EAGLE3 head would share a rank's embedding slice (DeepSeek's MTP module runs on every rank).
+        "tensor_parallel_size > 1": config.tensor_parallel_size > 1 and method == "eagle3",
         "cuda_graphs": config.cuda_graphs,  # a captured step does not keep the hidden states the head reads
         "enable_prefix_caching": config.enable_prefix_caching,  # a cached prefix has no hidden states
         "disaggregation": config.disaggregation is not None,  # the prompt's hidden states stay on the prefill side

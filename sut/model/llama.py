@@ -140,7 +140,7 @@ class LlamaForCausalLM(nn.Module):
         head's input), also the residual stream at those layer boundaries, joined in that order
         `[num_tokens, len(aux_layers) * hidden]`: boundary j is what enters layer j (0: the
         embeddings; num_layers: what leaves the last layer, before the final norm)."""
-        x = embed(self.model.embed_tokens, input_ids, self.tp) if self.tp else self.model.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         rope = self.rotary(positions, x.dtype)
         residual = None
         kept: dict[int, torch.Tensor] = {}
@@ -164,6 +164,10 @@ class LlamaForCausalLM(nn.Module):
             self.tp = shard
             for layer in self.model.layers:
                 layer.self_attn.tp = layer.mlp.tp = shard
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of `input_ids` (under tensor parallelism, a collective: every rank calls it)."""
+        return embed(self.model.embed_tokens, input_ids, self.tp) if self.tp else self.model.embed_tokens(input_ids)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

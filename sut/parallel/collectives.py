@@ -49,6 +49,12 @@ def init_group(rank: int, size: int, port: int, device: torch.device) -> None:
     )
 
 
+def broadcast_tensor(x: torch.Tensor) -> torch.Tensor:
+    """Rank 0's tensor `x` into `x` on every rank (the others pass one of its shape, dtype and device)."""
+    dist.broadcast(x, src=0)
+    return x
+
+
 def broadcast(obj=None):
     """Rank 0's `obj` on every rank (a StepInput, None to stop, or a setting)."""
     box = [obj]

@@ -62,6 +62,7 @@ from sut.model.rope import RotaryEmbedding
 from sut.sample.sampler import draw, sampling_probs, to_host
 from sut.sequence import Sequence
 from sut.spec_decode.proposer import sampling_settings
+from sut.worker.step_input import StepInput
 
 WHERE = "engine setting speculative_config.model"
 # config.json `architectures` of a head in the flat layout (EAGLE's own, ModelOpt's, vLLM's name).
@@ -461,12 +462,24 @@ class Eagle3Proposer:
         attn.k_cache, attn.v_cache = self.kv_cache[0, 0], self.kv_cache[1, 0]
         self.pending: weakref.WeakKeyDictionary[Sequence, _Pending] = weakref.WeakKeyDictionary()
 
+    def combine(self, aux: torch.Tensor) -> torch.Tensor:
+        """The head's hidden states of the target's kept boundary states (fc applied)."""
+        return self.model.combine(aux)
+
+    def forward(self, step: StepInput, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One forward of the head over `step`'s rows: the logits of the wanted rows, and the hidden
+        states there that the next draft's rows read."""
+        out, hidden = self.model(
+            self.embed(step.input_ids), hidden, step.positions, step.attention_metadata(with_window=False)
+        )
+        return self.model.compute_logits(out[step.logits_indices]), hidden[step.logits_indices]
+
     @torch.inference_mode()
     def observe(self, seqs: list[Sequence], starts: list[int], num_new_tokens: list[int], aux: torch.Tensor) -> None:
         """After a step's update: `aux` holds the target's boundary states of the step's tokens, each
         sequence's `num_new_tokens` rows from position `starts[i]` on; keep those of the positions the
         target kept (a finished sequence's go)."""
-        hidden = self.model.combine(aux)
+        hidden = self.combine(aux)
         row = 0
         for seq, start, n in zip(seqs, starts, num_new_tokens):
             rows, row = hidden[row : row + n], row + n
@@ -515,11 +528,7 @@ class Eagle3Proposer:
             step = self.runner.prepare_tokens(
                 [seqs[i] for i in active], tokens, starts, [1] * len(active), block_tables
             )
-            out, hidden = self.model(
-                self.embed(step.input_ids), hidden, step.positions, step.attention_metadata(with_window=False)
-            )
-            hidden = hidden[step.logits_indices]
-            logits = self.model.compute_logits(out[step.logits_indices])
+            logits, hidden = self.forward(step, hidden)
             rows = [row for row, i in enumerate(active) if not seqs[i].params.greedy]
             q = {row: sampling_probs(logits[row], *sampling_settings(seqs[active[row]])) for row in rows}
             argmax, *q_host = to_host(logits.argmax(dim=-1), *q.values())  # one host read a forward

@@ -13,13 +13,14 @@ from sut.batch import ScheduledBatch
 from sut.config import EngineConfig, ModelConfig
 from sut.cpu.backend import setup_cpu_backend
 from sut.errors import ConfigError
+from sut.model.deepseek_mtp import load_mtp_layer
 from sut.model.loader import forward_weight_bytes, load_model
-from sut.parallel import Shard, broadcast, local_config
+from sut.parallel import Shard, broadcast, broadcast_tensor, local_config
 from sut.sample.sampler import sample
 from sut.sample.verifier import verify
 from sut.sequence import Sequence
 from sut.worker.cuda_graphs import DecodeGraphs
-from sut.worker.step_input import StepInput
+from sut.worker.step_input import DraftStep, StepInput
 
 
 class ModelRunner:
@@ -51,6 +52,14 @@ class ModelRunner:
             model
             if model is not None
             else load_model(model_path, model_config, dtype, device, shard, quantization=config.quantization)
+        )
+        spec = config.speculative_config
+        # DeepSeek's MTP module drafts with the target's embedding, rope and LM head, and under tensor
+        # parallelism its forwards are collectives beside the target's: every rank holds its part.
+        self.mtp = (
+            load_mtp_layer(model_path, model_config, dtype, device, shard)
+            if spec is not None and spec.method == "mtp"
+            else None
         )
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
         if shard is not None:
@@ -97,10 +106,15 @@ class ModelRunner:
             layer.self_attn.v_cache = (
                 self.kv_cache[1, slot] if tensors == 2 else self.kv_cache[0, slot][..., : c.mla.kv_lora_rank]
             )
+        if self.mtp is not None:  # its own one-layer latent cache, indexed by the target's block tables
+            self.mtp_kv_cache = torch.zeros(
+                tensors, 1, self.num_blocks, self.block_size, heads, dim, dtype=dtype, device=device
+            )
+            self.mtp.self_attn.k_cache = self.mtp_kv_cache[0, 0]
+            self.mtp.self_attn.v_cache = self.mtp_kv_cache[0, 0][..., : c.mla.kv_lora_rank]
         # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
         # the step's hidden states, or None for a step it does not take.
         # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
-        spec = config.speculative_config
         self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
         # An EAGLE3 head's proposer sets `aux_layers` (the target's layer boundaries it reads): then each
         # forward keeps their hidden states for the step's tokens in `aux_hidden_states` (None otherwise).
@@ -133,7 +147,8 @@ class ModelRunner:
         per_block = self.bytes_per_block
         if draft is not None:  # the draft's weights and its cache of as many blocks come out of it too
             draft_config, draft_weight_bytes = draft
-            budget -= draft_weight_bytes if self.device.type == "cuda" else 0
+            # (An MTP module is loaded already: the memory free has counted it.)
+            budget -= draft_weight_bytes if self.device.type == "cuda" and self.mtp is None else 0
             per_block += kv_bytes_per_block(draft_config, config.block_size, self.model.model.embed_tokens.weight.dtype)
         return max(0, int(budget // per_block))
 
@@ -245,6 +260,22 @@ class ModelRunner:
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
+
+    @torch.inference_mode()
+    def execute_draft(self, step: StepInput, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward the MTP module over `step`'s rows, which read (token p + 1, the target-normed
+        hidden state of p) from `hidden` `[num_tokens, H]`; return the fp32 logits of the wanted rows
+        and the module's output there (chained, the next row's hidden state). Rank 0 sends both to
+        the other ranks, which run it on their parts."""
+        if self.shard is not None and self.shard.rank == 0:
+            broadcast(DraftStep(step, tuple(hidden.shape), hidden.dtype))
+            broadcast_tensor(hidden.contiguous())
+        target = self.model
+        rope = target.rotary(step.positions, hidden.dtype)
+        meta = step.attention_metadata(with_window=False)
+        out = self.mtp(target.embed(step.input_ids), hidden, rope, meta, target.ops)
+        out = out[step.logits_indices]
+        return target.compute_logits(out), out
 
 
 def layer_linear_flops(c: ModelConfig) -> int:

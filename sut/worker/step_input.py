@@ -46,3 +46,14 @@ class StepInput:
                 meta, slot_mapping=self.window_slot_mapping, block_tables=self.window_block_tables
             )
         return meta
+
+
+@dataclass
+class DraftStep:
+    """A forward of a draft module that runs on every tensor-parallel rank beside the target's
+    (DeepSeek's MTP module, ModelRunner.execute_draft): its step input and the shape and dtype of its
+    input hidden states, which follow as a tensor broadcast."""
+
+    step: StepInput
+    hidden_shape: tuple[int, ...]
+    hidden_dtype: torch.dtype

@@ -11,8 +11,9 @@ import torch
 import torch.distributed as dist
 
 from sut.config.resolved import ResolvedConfig
-from sut.parallel import Shard, TorchrunGroup, broadcast, init_group
+from sut.parallel import Shard, TorchrunGroup, broadcast, broadcast_tensor, init_group
 from sut.worker.model_runner import ModelRunner
+from sut.worker.step_input import DraftStep, StepInput
 
 
 def worker_main(rank: int, size: int, port: int, resolved: ResolvedConfig, device: str) -> None:
@@ -51,19 +52,26 @@ def serve_engine(resolved: ResolvedConfig, device: torch.device, shard: Shard) -
 
 
 def serve(runner, device: torch.device) -> None:
-    """A rank other than 0: the forward of each step input rank 0 broadcasts, until it sends None."""
-    while (step := broadcast()) is not None:
-        # Unpickled tensors land where rank 0's were: bring them to this rank's device.
-        runner.execute(
-            dataclasses.replace(
-                step,
-                **{
-                    f.name: getattr(step, f.name).to(device)
-                    for f in dataclasses.fields(step)
-                    if isinstance(getattr(step, f.name), torch.Tensor)
-                },
-            )
-        )
+    """A rank other than 0: the forward of each step input rank 0 broadcasts (a draft module's with
+    its hidden states after it), until it sends None."""
+    while (message := broadcast()) is not None:
+        if isinstance(message, DraftStep):
+            hidden = broadcast_tensor(torch.empty(message.hidden_shape, dtype=message.hidden_dtype, device=device))
+            runner.execute_draft(on_device(message.step, device), hidden)
+        else:
+            runner.execute(on_device(message, device))
+
+
+def on_device(step: StepInput, device: torch.device) -> StepInput:
+    """`step` with its tensors on `device` (unpickled tensors land where rank 0's were)."""
+    return dataclasses.replace(
+        step,
+        **{
+            f.name: getattr(step, f.name).to(device)
+            for f in dataclasses.fields(step)
+            if isinstance(getattr(step, f.name), torch.Tensor)
+        },
+    )
 
 
 def build_runner(resolved: ResolvedConfig, device: torch.device, shard: Shard, num_blocks: int) -> ModelRunner:
