@@ -16,6 +16,7 @@ transformers hard-codes DeepSeek-V3's MTP layer as `model\\.layers\\.61.*` (the 
 import dataclasses
 import shutil
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,8 @@ from sut import LLM, LLMEngine, SamplingParams
 from sut.config import ModelConfig
 from sut.errors import ConfigError
 from sut.model.deepseek_mtp import load_mtp_layer
+from sut.model.fp8 import Fp8Linear
+from sut.worker import model_runner
 from tests.helpers import hf_greedy, random_prompts
 from tests.test_deepseek_v3 import DEEPSEEK_TINY
 from tests.test_speculative import chi_square_p_value
@@ -257,8 +260,6 @@ def test_two_tensor_parallel_ranks_draft_as_one_process(near):
         assert two.engine.scheduler.num_preemptions > 0
         module = two.engine.runner.mtp
         assert module.mlp.experts.gate_up_proj.shape[0] == DEEPSEEK_TINY["n_routed_experts"] // 2
-        _, rank_bytes = mtp.check_mtp_module(near.folder, ModelConfig.from_folder(near.folder), torch.float32, 2)
-        assert rank_bytes == sum(p.numel() * p.element_size() for p in module.parameters())  # what sizes the KV pool
     finally:
         two.engine.close()
 
@@ -531,14 +532,13 @@ def test_the_module_loads_as_the_checkpoint_holds_it(random_module):
     up = tensors[p + f"mlp.experts.{last}.up_proj.weight"].bfloat16()
     assert torch.equal(layer.mlp.experts.gate_up_proj[last, inter:], up)
     assert not any("embed" in n or n.endswith("head.weight") for n, _ in layer.named_parameters())
-    _, weight_bytes = mtp.check_mtp_module(random_module.folder, config, torch.bfloat16)
-    assert weight_bytes == sum(t.numel() * t.element_size() for t in layer.parameters())
 
 
-def test_fp8_module_weights_are_dequantized(random_module, tmp_path):
+def test_fp8_module_weights_are_dequantized_or_kept(random_module, tmp_path, monkeypatch):
     """DeepSeek-R1's checkpoint stores its linears in FP8 with 128 x 128 block scales
-    (`weight_scale_inv`): the module's are dequantized as the target's are; a weight without its
-    scales is refused by name."""
+    (`weight_scale_inv`): the module's are dequantized (CPU's default) or held as stored (CUDA's,
+    forced here), as the target's are, with greedy output plain decoding's either way; a weight
+    without its scales is refused by name."""
     folder = tmp_path / "fp8"
     shutil.copytree(random_module.folder, folder)
     tensors = load_file(folder / "model.safetensors")
@@ -548,18 +548,27 @@ def test_fp8_module_weights_are_dequantized(random_module, tmp_path):
         tensors[name], tensors[name + "_scale_inv"] = quantize_fp8_block(tensors[name])
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     config = ModelConfig.from_folder(folder)
-    mtp.check_mtp_module(folder, config, torch.float32)
+    mtp.check_mtp_module(folder, config)
     layer = load_mtp_layer(folder, config, torch.float32, torch.device("cpu"))
     want = dequantize_fp8(tensors[names[0]], tensors[names[0] + "_scale_inv"], FP8_BLOCK)
     assert torch.equal(layer.eh_proj.weight, want)
     want = dequantize_fp8(tensors[names[2]], tensors[names[2] + "_scale_inv"], FP8_BLOCK)
     assert torch.equal(layer.mlp.experts.down_proj[3], want)
-    out, _ = generate(folder, [[5, 6, 7]], SamplingParams(max_tokens=6), speculative_config=random_module.spec(2))
-    assert len(out[0]) == 6
+    kept = load_mtp_layer(folder, config, torch.float32, torch.device("cpu"), keep_fp8=True)
+    assert isinstance(kept.eh_proj, Fp8Linear) and isinstance(kept.self_attn.q_b_proj, Fp8Linear)
+    assert torch.equal(kept.eh_proj.weight.view(torch.uint8), tensors[names[0]].view(torch.uint8))
+    assert torch.equal(kept.eh_proj.dequantized(), layer.eh_proj.weight)
+    prompts, params = random_prompts([3, 20], seed=4), SamplingParams(max_tokens=8)
+    plain, _ = generate(folder, prompts, params)
+    out, _ = generate(folder, prompts, params, speculative_config=random_module.spec(2))
+    monkeypatch.setattr(model_runner, "load_mtp_layer", partial(load_mtp_layer, keep_fp8=True))
+    out_kept, engine = generate(folder, prompts, params, speculative_config=random_module.spec(2))
+    assert isinstance(engine.runner.mtp.eh_proj, Fp8Linear)
+    assert out == out_kept == plain
     del tensors[names[1] + "_scale_inv"]
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ConfigError, match=r"FP8 tensor 'model.layers.3.self_attn.q_b_proj.weight' has no _scale_inv"):
-        mtp.check_mtp_module(folder, config, torch.float32)
+        mtp.check_mtp_module(folder, config)
 
 
 # ---- what it refuses ------------------------------------------------------------------------------

@@ -60,8 +60,8 @@ def resolve(model_path: str | Path, config: EngineConfig) -> ResolvedConfig:
             draft = DraftModel(draft_folder, draft_config, weight_bytes)
         elif spec.method == "mtp":  # the target's own module, checked before any model loads
             _check_head_settings(config, spec.method)
-            layer_config, weight_bytes = check_mtp_module(folder, mc, dtype, config.tensor_parallel_size)
-            draft = DraftModel(folder, layer_config, weight_bytes)
+            # Its weights load before the KV pool is sized (sut/worker/model_runner.py): the memory free counts them.
+            draft = DraftModel(folder, check_mtp_module(folder, mc), 0)
         elif spec.method == "eagle3":  # checked before any model loads
             _check_head_settings(config, spec.method)
             head_folder = Path(spec.model).expanduser()

@@ -27,6 +27,7 @@ from kernels.fp8 import FP8_BLOCK, dequantize_fp8
 from sut.config import ModelConfig
 from sut.errors import CheckpointError
 from sut.model.deepseek_v3 import DeepseekV3DecoderLayer
+from sut.model.fp8 import keep_checkpoint_fp8
 from sut.model.llama import RMSNorm
 from sut.model.loader import IGNORED_SUFFIXES, _put, checkpoint_layout, read_header, weight_files
 from sut.parallel import Shard, local_config, read_shard
@@ -87,43 +88,66 @@ def mtp_tensors(folder: Path, prefix: str) -> dict[str, tuple[Path, dict]]:
 
 
 def load_mtp_layer(
-    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, shard: Shard | None = None
+    folder: Path,
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    shard: Shard | None = None,
+    keep_fp8: bool | None = None,
 ) -> DeepseekV3MTPLayer:
     """The MTP module's weights from the target's checkpoint (checked by the proposer's
-    check_mtp_module), in `dtype` on `device` (the router's in fp32, as the target's; FP8 weights
-    dequantized); only its tensors are read, and of those only tensor-parallel rank `shard`'s part.
-    CheckpointError for a tensor that is unreadable or holds NaN or inf."""
+    check_mtp_module), in `dtype` on `device` (the router's in fp32, as the target's); only its
+    tensors are read, and of those only tensor-parallel rank `shard`'s part. FP8 weights are held
+    as stored with `keep_fp8` (by default on CUDA, as the target's: sut/model/fp8.py), else
+    dequantized. CheckpointError for a tensor that is unreadable or holds NaN or inf."""
     from safetensors import SafetensorError, safe_open
 
     whole = config
     if shard is not None:
         config = local_config(config, shard.size)
-    with torch.device("meta"):
-        layer = DeepseekV3MTPLayer(config)
-    layout = checkpoint_layout(layer, shard)
     prefix = mtp_prefix(whole)
     found = mtp_tensors(folder, prefix)
+    scaled = {name for name in found if name + SCALE_SUFFIX in found}
+    with torch.device("meta"):
+        layer = DeepseekV3MTPLayer(config)
+        if scaled and (device.type == "cuda" if keep_fp8 is None else keep_fp8):
+            keep_checkpoint_fp8(layer, scaled, dtype)
+    layout = checkpoint_layout(layer, shard)
+
+    def read(name: str) -> torch.Tensor:
+        file = found[name][0]
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:  # one tensor an opening, as the model loader
+                return read_shard(f, prefix + name, shard)
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
+
     loaded = set()
-    for name, (file, _) in sorted(found.items()):
+    for name in sorted(found):
         if name in SHARED_COPIES or name.endswith(SCALE_SUFFIX):
             continue
         param, row, _ = layout[name]
         if param is None:  # another tensor-parallel rank's (its expert): not read here
             loaded.add(name)
             continue
-        try:
-            with safe_open(file, framework="pt", device="cpu") as f:  # one tensor an opening, as the model loader
-                tensor = read_shard(f, prefix + name, shard)
-            if name + SCALE_SUFFIX in found:  # a rank's slices of the weight and its scales are whole blocks
-                file = found[name + SCALE_SUFFIX][0]
-                with safe_open(file, framework="pt", device="cpu") as f:
-                    scale = read_shard(f, prefix + name + SCALE_SUFFIX, shard).float()
-                tensor = dequantize_fp8(tensor, scale, FP8_BLOCK)
-        except SafetensorError as e:
-            raise CheckpointError(f"{file}: not a readable safetensors file, truncated or corrupt ({e})") from e
-        if not tensor.isfinite().all():
-            raise CheckpointError(f"{file}: tensor {prefix + name!r} holds NaN or inf values (a corrupt checkpoint)")
-        _put(layer, param, row, tensor, device, dtype)
+        # A rank's slices of an FP8 weight and of its scales are whole blocks (check_fp8_blocks).
+        tensor = read(name)
+        scale = read(name + SCALE_SUFFIX).float() if name in scaled else None
+        dtype_of = dtype
+        if scale is not None and name + SCALE_SUFFIX in layout:  # held as stored
+            if not scale.isfinite().all() or ((tensor.view(torch.uint8) & 0x7F) == 0x7F).any():  # e4m3 NaN bytes
+                raise CheckpointError(f"{found[name][0]}: FP8 tensor {prefix + name!r} or its scales hold NaN or inf")
+            scale_param, scale_row, _ = layout[name + SCALE_SUFFIX]
+            _put(layer, scale_param, scale_row, scale, device, torch.float32)
+            loaded.add(name + SCALE_SUFFIX)
+            dtype_of = tensor.dtype
+        elif scale is not None:
+            tensor = dequantize_fp8(tensor, scale, FP8_BLOCK)
+        if dtype_of == dtype and not tensor.isfinite().all():
+            raise CheckpointError(
+                f"{found[name][0]}: tensor {prefix + name!r} holds NaN or inf values (a corrupt checkpoint)"
+            )
+        _put(layer, param, row, tensor, device, dtype_of)
         loaded.add(name)
     missing = sorted(set(layout) - loaded)
     if missing:

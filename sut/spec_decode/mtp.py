@@ -29,14 +29,12 @@ import weakref
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from kernels.fp8 import FP8_BLOCK
 from sut.config import ModelConfig
 from sut.errors import CheckpointError, ConfigError
 from sut.model.deepseek_mtp import SCALE_SUFFIX, SHARED_COPIES, DeepseekV3MTPLayer, mtp_prefix, mtp_tensors
 from sut.model.loader import checkpoint_layout
-from sut.parallel import local_config
 from sut.spec_decode.eagle3 import Eagle3Proposer
 
 WHERE = "engine setting speculative_config (method 'mtp')"
@@ -48,23 +46,11 @@ FP8_DTYPE = "F8_E4M3"
 # ---- the module in the target's checkpoint, checked before any model loads ---------------------------
 
 
-def held_bytes(layer: nn.Module, dtype: torch.dtype) -> int:
-    """The bytes `layer`'s parameters take loaded in `dtype` (a router's in fp32, as the loader keeps them)."""
-    return sum(
-        p.numel() * (4 if getattr(module, "keep_fp32", False) else dtype.itemsize)
-        for module in layer.modules()
-        for p in module.parameters(recurse=False)
-    )
-
-
-def check_mtp_module(
-    folder: Path, target: ModelConfig, dtype: torch.dtype, tensor_parallel_size: int = 1
-) -> tuple[ModelConfig, int]:
+def check_mtp_module(folder: Path, target: ModelConfig) -> ModelConfig:
     """For method 'mtp': check that the target at `folder` is a DeepSeek-V3 model whose checkpoint
     holds the MTP module, every tensor by name, shape and dtype (reading only headers); return the
-    config the KV pool's sizing counts for the module's cache (one layer of the target's) and the
-    bytes its weights take loaded in `dtype` (FP8 ones dequantized) on a rank of
-    `tensor_parallel_size`. ConfigError naming what does not fit."""
+    config the KV pool's sizing counts for the module's cache (one layer of the target's).
+    ConfigError naming what does not fit."""
     if target.architecture != ARCHITECTURE:
         raise ConfigError(
             f"{WHERE}: the MTP module is DeepSeek-V3/R1's ({ARCHITECTURE}); the target {folder} is a "
@@ -118,10 +104,7 @@ def check_mtp_module(
             raise ConfigError(
                 f"{WHERE}: {file}: tensor {prefix + name!r} has dtype {entry.get('dtype')}, not one of {list(dtypes)}"
             )
-    if tensor_parallel_size > 1:  # a rank's part: its heads, experts and shared-expert features
-        with torch.device("meta"):
-            layer = DeepseekV3MTPLayer(local_config(target, tensor_parallel_size))
-    return dataclasses.replace(target, num_layers=1), held_bytes(layer, dtype)
+    return dataclasses.replace(target, num_layers=1)
 
 
 # ---- the proposer ------------------------------------------------------------------------------------

@@ -147,8 +147,7 @@ class ModelRunner:
         per_block = self.bytes_per_block
         if draft is not None:  # the draft's weights and its cache of as many blocks come out of it too
             draft_config, draft_weight_bytes = draft
-            # (An MTP module is loaded already: the memory free has counted it.)
-            budget -= draft_weight_bytes if self.device.type == "cuda" and self.mtp is None else 0
+            budget -= draft_weight_bytes if self.device.type == "cuda" else 0
             per_block += kv_bytes_per_block(draft_config, config.block_size, self.model.model.embed_tokens.weight.dtype)
         return max(0, int(budget // per_block))
 
