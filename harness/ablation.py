@@ -242,9 +242,11 @@ def configurations(system: System, benchmark: str, longest_prompt: int, scenario
     # Every setting another scenario sets, at this one's value (its default where it sets none): a
     # run's settings are the system's for its own scenario under these (harness/config.py).
     defaults = {f.name: f.default for f in fields(EngineConfig)}
-    others = {key for settings in system.scenario_engine.values() for key in settings}
+    others = system.scenario_setting_keys(benchmark)
     own = {**{key: defaults[key] for key in sorted(others - set(own))}, **own}
-    exact = {k: v for k, v in own.items() if k != "speculative_config"}
+    # Speculation off in 1-3 and 5: said outright where some scenario speculates (a benchmark's own
+    # Interactive engine), so that neither of the worker's runs (Offline, Server) inherits it.
+    exact = {**own, "speculative_config": None} if "speculative_config" in own else dict(own)
     for option in report["numerics"]:
         exact = with_setting(exact, option["setting"], setting_default(option["setting"], "report.numerics"))
     # Without chunking every sequence must fit one step (sut/engine/llm_engine.py refuses otherwise).

@@ -232,7 +232,7 @@ class RunConfig:
             )
         check_engine_settings(sys_config, benchmark, scenario, engine)
         if engine is not None:
-            sys_config.scenario_engine[scenario] = {**sys_config.scenario_engine.get(scenario, {}), **engine}
+            sys_config.lay_over(scenario, engine)
         check_speculation_allowed(sys_config, BENCHMARKS[benchmark], scenario)
         if benchmark not in sys_config.datasets:
             raise HarnessConfigError(f"system {system!r} has no dataset for benchmark {benchmark!r}")

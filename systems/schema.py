@@ -5,7 +5,13 @@ file fails with its path and what is wrong.
 `saaf_harness.datasets` names each benchmark's dataset file: one path for every run, or, for a
 benchmark whose runs read several sets (gpt-oss-120b), an object naming the file of each:
 `{"performance": P, "accuracy": A, "TEST07": T}` (a mode it leaves out runs on "performance"), and
-the files its accuracy script reads beside them (`"lcb_problems"`: LiveCodeBench's problems)."""
+the files its accuracy script reads beside them (`"lcb_problems"`: LiveCodeBench's problems).
+
+Engine settings come in four levels, the most specific winning (`System.engine_settings`): `engine`,
+`benchmark_engine[benchmark]`, `scenario_engine[scenario]`, and a benchmark's own
+`benchmark_engine[benchmark]["scenario_engine"][scenario]` (e.g. one benchmark's Interactive engine
+speculating, which the closed division allows for no other). A `speculative_config.model` at any
+level (a draft or head folder) is a path as the model folders are: `${SAAF_CACHE}` expanded."""
 
 import json
 import os
@@ -49,7 +55,7 @@ class System:
     models: dict[str, Path]  # benchmark -> model folder ("model": one for all, or "models": one each)
     datasets: dict[str, Path]  # benchmark -> its performance set (and every mode's without a file of its own)
     engine: dict  # LLM engine settings
-    scenario_engine: dict[str, dict]  # per-scenario overrides of those (e.g. a smaller step budget for Server)
+    scenario_engine: dict[str, dict]  # per-scenario settings over those (e.g. a smaller step budget for Server)
     accuracy_reference: Path | None  # a substituted model's recorded reference scores (its targets: 99%)
     scenarios: list[str]  # what `make submission` runs for each benchmark
     model_name: str | None  # open division: the substituted model, named in the tree and mapped to the benchmark
@@ -57,8 +63,10 @@ class System:
     path: Path  # the file it was read from
     division: str = "closed"  # the description's "division"
     # Per-benchmark settings between `engine` and `scenario_engine` (a rig's split of replicas and
-    # tensor-parallel ranks per model).
+    # tensor-parallel ranks per model), without the entry's own "scenario_engine" ...
     benchmark_engine: dict[str, dict] = field(default_factory=dict)
+    # ... which is here: benchmark -> scenario -> settings, over `scenario_engine` (the most specific).
+    benchmark_scenario_engine: dict[str, dict[str, dict]] = field(default_factory=dict)
     # The measurement report's settings (harness/ablation.py): samples, rates, proposers, numerics, price.
     report: dict = field(default_factory=dict)
     # benchmark -> {mode or accuracy file -> path}: the sets of modes other than performance, and the
@@ -83,21 +91,23 @@ class System:
                 if "models" in harness
                 else {b: expand_path(harness["model"]) for b in datasets}
             )
+            benchmark_engine, benchmark_scenario_engine = _benchmark_engine(harness.get("benchmark_engine", {}), path)
             system = System(
                 name,
                 models,
                 datasets,
-                dict(harness.get("engine", {})),
-                dict(harness.get("scenario_engine", {})),
+                _settings(harness.get("engine", {}), f"{path}: saaf_harness.engine"),
+                _per_scenario(harness.get("scenario_engine", {}), f"{path}: saaf_harness.scenario_engine"),
                 root / reference if reference else None,
                 list(harness.get("scenarios", ["Offline", "Server"])),
                 harness.get("model_name"),
                 bool(harness.get("demo", False)),
                 path,
-                raw.get("division", "closed"),
-                dict(harness.get("benchmark_engine", {})),
-                dict(harness.get("report", {})),
-                mode_datasets,
+                division=raw.get("division", "closed"),
+                benchmark_engine=benchmark_engine,
+                benchmark_scenario_engine=benchmark_scenario_engine,
+                report=dict(harness.get("report", {})),
+                mode_datasets=mode_datasets,
             )
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
             raise SystemConfigError(
@@ -120,6 +130,19 @@ class System:
                 f"{path}: saaf_harness.scenarios or scenario_engine names unknown scenarios "
                 f"{unknown}; known: {sorted(SCENARIOS)}"
             )
+        absent = sorted(set(system.benchmark_engine) - set(system.datasets))
+        if absent:
+            raise SystemConfigError(
+                f"{path}: saaf_harness.benchmark_engine names benchmarks {absent} that saaf_harness.datasets "
+                f"does not; its benchmarks: {sorted(system.datasets)}"
+            )
+        for benchmark, per_scenario in system.benchmark_scenario_engine.items():
+            unknown = [s for s in per_scenario if s not in SCENARIOS]
+            if unknown:
+                raise SystemConfigError(
+                    f"{path}: saaf_harness.benchmark_engine.{benchmark}.scenario_engine names unknown scenarios "
+                    f"{unknown}; known: {sorted(SCENARIOS)}"
+                )
         return system
 
     def dataset_for(self, benchmark: str, mode: str = "performance") -> Path:
@@ -137,7 +160,28 @@ class System:
         self.mode_datasets.pop(benchmark, None)
 
     def engine_settings(self, scenario: str, benchmark: str | None = None) -> dict:
-        return {**self.engine, **self.benchmark_engine.get(benchmark, {}), **self.scenario_engine.get(scenario, {})}
+        """`engine`, then `benchmark_engine[benchmark]`, then `scenario_engine[scenario]`, then the
+        benchmark's own `scenario_engine[scenario]`: each over the one before."""
+        return {
+            **self.engine,
+            **self.benchmark_engine.get(benchmark, {}),
+            **self.scenario_engine.get(scenario, {}),
+            **self.benchmark_scenario_engine.get(benchmark, {}).get(scenario, {}),
+        }
+
+    def lay_over(self, scenario: str, settings: dict) -> None:
+        """`settings` over every level of `scenario`'s engine settings, every benchmark's (a run's
+        `--engine`): over the benchmark's own scenario settings too, which `scenario_engine` is under."""
+        self.scenario_engine[scenario] = {**self.scenario_engine.get(scenario, {}), **settings}
+        for per_scenario in self.benchmark_scenario_engine.values():
+            if scenario in per_scenario:
+                per_scenario[scenario] = {**per_scenario[scenario], **settings}
+
+    def scenario_setting_keys(self, benchmark: str | None = None) -> set[str]:
+        """The engine settings some scenario sets for `benchmark` (`scenario_engine`, and the
+        benchmark's own per-scenario settings)."""
+        levels = [*self.scenario_engine.values(), *self.benchmark_scenario_engine.get(benchmark, {}).values()]
+        return {key for settings in levels for key in settings}
 
     def model_for(self, benchmark: str) -> Path:
         return self.models[benchmark]
@@ -165,6 +209,40 @@ def _datasets(raw: dict, path: Path) -> tuple[dict[str, Path], dict[str, dict[st
         datasets[benchmark] = expand_path(value["performance"])
         modes[benchmark] = {k: expand_path(v) for k, v in value.items() if k != "performance"}
     return datasets, modes
+
+
+def _object(value, where: str, what: str = "an object") -> dict:
+    if not isinstance(value, dict):
+        raise SystemConfigError(f"{where} must be {what}, got {value!r}")
+    return value
+
+
+def _settings(value, where: str) -> dict:
+    """A copy of one level's engine settings, a `speculative_config.model` in it expanded as a
+    model folder's path is (expand_path: `${SAAF_CACHE}`, `~`)."""
+    settings = dict(_object(value, where, "an object of engine settings"))
+    spec = settings.get("speculative_config")
+    if isinstance(spec, dict) and isinstance(spec.get("model"), str) and spec["model"]:
+        settings["speculative_config"] = {**spec, "model": str(expand_path(spec["model"]))}
+    return settings
+
+
+def _per_scenario(raw, where: str) -> dict[str, dict]:
+    """scenario -> engine settings (`_settings` of each) from a "scenario_engine" object at `where`."""
+    scenarios = _object(raw, where, "an object of scenario -> engine settings")
+    return {scenario: _settings(value, f"{where}.{scenario}") for scenario, value in scenarios.items()}
+
+
+def _benchmark_engine(raw, path: Path) -> tuple[dict[str, dict], dict[str, dict[str, dict]]]:
+    """(benchmark -> settings, benchmark -> scenario -> settings) from `saaf_harness.benchmark_engine`,
+    whose entry may hold its benchmark's per-scenario settings under "scenario_engine"."""
+    where = f"{path}: saaf_harness.benchmark_engine"
+    settings, per_scenario = {}, {}
+    for benchmark, value in _object(raw, where, "an object of benchmark -> engine settings").items():
+        own = _settings(value, f"{where}.{benchmark}")
+        per_scenario[benchmark] = _per_scenario(own.pop("scenario_engine", {}), f"{where}.{benchmark}.scenario_engine")
+        settings[benchmark] = own
+    return settings, per_scenario
 
 
 def saaf_cache() -> Path:

@@ -188,9 +188,9 @@ def test_cli_refuses_engine_settings_that_are_not_json():
 # ---- gpt-oss-120b: its sets by mode, its compliance modes, its speculation rule, its sampling
 
 
-def gpt_oss_system(tmp_path, datasets, division="closed", engine=None) -> Path:
+def gpt_oss_system(tmp_path, datasets, division="closed", engine=None, **harness) -> Path:
     """A closed system with gpt-oss-120b under tmp_path (its model folder need not exist to resolve
-    a performance or compliance run)."""
+    a performance or compliance run); `harness`: more of its saaf_harness keys."""
     system = {
         "division": division,
         "saaf_harness": {
@@ -198,6 +198,7 @@ def gpt_oss_system(tmp_path, datasets, division="closed", engine=None) -> Path:
             "datasets": {"gpt-oss-120b": datasets},
             "engine": engine or {},
             "scenarios": ["Offline", "Interactive"],
+            **harness,
         },
     }
     (tmp_path / "systems").mkdir(exist_ok=True)
@@ -292,6 +293,132 @@ def test_closed_gpt_oss_speculates_only_with_the_references_eagle3_in_interactiv
         check_speculation_allowed(system, BENCHMARKS["gpt-oss-120b"], scenario)
     system.division = "open"  # the open division may speculate as it likes
     check_speculation_allowed(system, BENCHMARKS["gpt-oss-120b"], scenario)
+
+
+# ---- engine settings in four levels: engine, benchmark_engine[b], scenario_engine[s], and the
+# benchmark's own benchmark_engine[b]["scenario_engine"][s], each over the one before
+
+
+def write_levels(tmp_path, benchmark_engine, scenario_engine=None) -> Path:
+    """A system with two benchmarks, gpt-oss-120b and llama3.1-8b, and these engine settings."""
+    root = gpt_oss_system(
+        tmp_path,
+        "/d/p.parquet",
+        engine={"max_num_seqs": 256, "max_num_batched_tokens": 8192, "dtype": "bfloat16"},
+        benchmark_engine=benchmark_engine,
+        scenario_engine=scenario_engine or {},
+    )
+    system = json.loads((root / "systems" / "g.json").read_text())
+    system["saaf_harness"]["datasets"]["llama3.1-8b"] = "/d/cnn.json"
+    (root / "systems" / "g.json").write_text(json.dumps(system))
+    return root
+
+
+def test_engine_settings_merge_engine_benchmark_scenario_and_the_benchmarks_own_scenario(tmp_path):
+    levels = {
+        "gpt-oss-120b": {
+            "max_num_seqs": 60,
+            "max_num_batched_tokens": 4096,
+            "scenario_engine": {"Interactive": {"max_num_seqs": 8, "speculative_config": SPEC}},
+        },
+    }
+    root = write_levels(tmp_path, levels, {"Interactive": {"max_num_seqs": 32, "max_num_batched_tokens": 1024}})
+    system = System.load("g", root)
+    assert "scenario_engine" not in system.benchmark_engine["gpt-oss-120b"]  # settings of its own, not engine's
+    got = {
+        (b, s): system.engine_settings(s, b)
+        for b in ("gpt-oss-120b", "llama3.1-8b")
+        for s in ("Offline", "Interactive")
+    }
+    # engine, under the benchmark's, under the scenario's, under the benchmark's own scenario's
+    assert got["llama3.1-8b", "Offline"] == {"max_num_seqs": 256, "max_num_batched_tokens": 8192, "dtype": "bfloat16"}
+    assert got["gpt-oss-120b", "Offline"] == {"max_num_seqs": 60, "max_num_batched_tokens": 4096, "dtype": "bfloat16"}
+    assert got["llama3.1-8b", "Interactive"] == {
+        "max_num_seqs": 32,
+        "max_num_batched_tokens": 1024,
+        "dtype": "bfloat16",
+    }
+    assert got["gpt-oss-120b", "Interactive"] == {
+        "max_num_seqs": 8,  # the benchmark's own Interactive setting over the scenario's and the benchmark's
+        "max_num_batched_tokens": 1024,  # the scenario's over the benchmark's
+        "dtype": "bfloat16",
+        "speculative_config": SPEC,  # only here: no other benchmark or scenario speculates
+    }
+    assert system.scenario_setting_keys("gpt-oss-120b") == {
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "speculative_config",
+    }
+    assert system.scenario_setting_keys("llama3.1-8b") == {"max_num_seqs", "max_num_batched_tokens"}
+
+
+def test_a_runs_engine_settings_go_over_the_benchmarks_own_scenario_settings(tmp_path):
+    """`--engine` is the most specific of all: over the benchmark's own scenario settings too; and the
+    closed division's check reads the benchmark's own scenario settings (speculation in Offline)."""
+    levels = {"gpt-oss-120b": {"scenario_engine": {"Interactive": {"max_num_seqs": 8, "speculative_config": SPEC}}}}
+    root = write_levels(tmp_path, levels)
+    cfg = RunConfig.resolve("g", "gpt-oss-120b", "Interactive", "performance", root, engine={"max_num_seqs": 2})
+    settings = cfg.system.engine_settings("Interactive", "gpt-oss-120b")
+    assert settings["max_num_seqs"] == 2 and settings["speculative_config"] == SPEC
+    assert "speculative_config" not in RunConfig.resolve(
+        "g", "gpt-oss-120b", "Offline", "performance", root
+    ).system.engine_settings("Offline", "gpt-oss-120b")
+    levels["gpt-oss-120b"]["scenario_engine"]["Offline"] = {"speculative_config": SPEC}
+    root = write_levels(tmp_path, levels)
+    with pytest.raises(HarnessConfigError, match="engine settings for gpt-oss-120b Offline set speculative_config"):
+        RunConfig.resolve("g", "gpt-oss-120b", "Offline", "performance", root)
+
+
+@pytest.mark.parametrize(
+    "benchmark_engine, message",
+    [
+        (
+            {"gpt-oss-120b": {"scenario_engine": {"Interactve": {"max_num_seqs": 8}}}},
+            r"g.json: saaf_harness.benchmark_engine.gpt-oss-120b.scenario_engine names unknown scenarios "
+            r"\['Interactve'\]",
+        ),
+        (
+            {"gpt-oss-120b": {"scenario_engine": ["Interactive"]}},
+            r"g.json: saaf_harness.benchmark_engine.gpt-oss-120b.scenario_engine must be an object of scenario -> "
+            r"engine settings, got \['Interactive'\]",
+        ),
+        (
+            {"gpt-oss-120b": {"scenario_engine": {"Interactive": 8}}},
+            r"saaf_harness.benchmark_engine.gpt-oss-120b.scenario_engine.Interactive must be an object of engine "
+            r"settings, got 8",
+        ),
+        ({"gpt-oss-120b": 8}, r"saaf_harness.benchmark_engine.gpt-oss-120b must be an object of engine settings"),
+        (
+            {"deepseek-r1": {"max_num_seqs": 8}},
+            r"g.json: saaf_harness.benchmark_engine names benchmarks \['deepseek-r1'\] that saaf_harness.datasets "
+            r"does not; its benchmarks: \['gpt-oss-120b', 'llama3.1-8b'\]",
+        ),
+    ],
+)
+def test_a_bad_benchmark_engine_is_refused_by_name(tmp_path, benchmark_engine, message):
+    from systems.schema import SystemConfigError
+
+    root = write_levels(tmp_path, benchmark_engine)
+    with pytest.raises(SystemConfigError, match=message):
+        System.load("g", root)
+
+
+def test_a_speculative_config_model_is_a_path_as_model_folders_are(tmp_path, monkeypatch):
+    """`${SAAF_CACHE}` in a speculative_config.model (a draft's or head's folder) is expanded at every
+    level, as in the model folders: the engine reads the folder with expanduser alone."""
+    monkeypatch.setenv("SAAF_CACHE", str(tmp_path / "cache"))
+    head = {**SPEC, "model": "${SAAF_CACHE}/models/gpt-oss-120b-Eagle3-long-context"}
+    root = write_levels(tmp_path, {"gpt-oss-120b": {"scenario_engine": {"Interactive": {"speculative_config": head}}}})
+    system = System.load("g", root)
+    want = str(tmp_path / "cache" / "models" / "gpt-oss-120b-Eagle3-long-context")
+    assert system.engine_settings("Interactive", "gpt-oss-120b")["speculative_config"] == {**head, "model": want}
+    system = System.load("g", gpt_oss_system(tmp_path, "/d/p.parquet", engine={"speculative_config": head}))
+    assert system.engine_settings("Offline", "gpt-oss-120b")["speculative_config"]["model"] == want
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}  # no model: as written
+    system = System.load(
+        "g", gpt_oss_system(tmp_path, "/d/p.parquet", scenario_engine={"Offline": {"speculative_config": ngram}})
+    )
+    assert system.engine_settings("Offline", "gpt-oss-120b")["speculative_config"] == ngram
 
 
 def test_gpt_oss_samples_as_the_reference_with_a_seed_per_sample(tmp_path):

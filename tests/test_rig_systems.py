@@ -3,7 +3,8 @@ the engine's rules, user.conf by LoadGen's keys), the llama2-70b split fits the 
 the K/V of one longest sequence per GPU, within the engine's memory budget), gpt-oss-120b's one GPU
 a replica holds its weights and its batch of the performance set's longest sequences, deepseek-r1's
 FP8 weights fit eight H200s (not eight H100s) with its batch, and `make
-submission` on a rig builds none of the CPU demo's model or data."""
+submission` on a rig builds none of the CPU demo's model or data; only deepseek-r1 and gpt-oss-120b
+Interactive speculate, each as the closed division allows it (the reference's head, 3 drafts)."""
 
 import math
 import os
@@ -12,11 +13,11 @@ import subprocess
 import pytest
 import torch
 
-from harness.config import RunConfig
+from harness.config import RunConfig, check_engine_settings, check_speculation_allowed
 from sut.config import ModelConfig
 from sut.worker.model_runner import blocks_for_one_sequence, kv_bytes_per_block
 from systems.benchmarks import BENCHMARKS
-from systems.schema import REPO, System
+from systems.schema import REPO, System, saaf_cache
 
 RIGS = {"8xH100-SXM-80GB": 80e9, "8xH200-SXM-141GB": 141e9}
 # Llama-2-70B and Llama-3.1-8B (their config.json): hidden, intermediate, layers, heads, KV heads, vocabulary.
@@ -230,3 +231,103 @@ def test_deepseek_r1_fits_eight_h200s_in_fp8_with_its_batch():
     h100 = System.load("8xH100-SXM-80GB")
     assert "deepseek-r1" not in h100.models
     assert weights > h100.engine_settings("Offline")["gpu_memory_utilization"] * RIGS["8xH100-SXM-80GB"]
+
+
+def test_deepseek_r1_interactive_holds_its_mtp_module_beside_its_batch():
+    """The speculating Interactive engine holds, per GPU, its part of the MTP module as the runner
+    loads it (built on the meta device: one MoE layer's heads and 32 experts, FP8 kept as the
+    checkpoint stores them, eh_proj counted bf16) and a one-layer latent cache beside the 61 layers'
+    (a pool block costs 62/61), and still fits its batch of the longest prompt and mean response."""
+    from sut.model.deepseek_mtp import DeepseekV3MTPLayer
+    from sut.model.fp8 import keep_checkpoint_fp8
+    from sut.model.loader import checkpoint_layout
+    from sut.parallel import Shard, local_config
+
+    c = ModelConfig.from_dict(DEEPSEEK_R1)
+    rig = "8xH200-SXM-141GB"
+    settings = System.load(rig).engine_settings("Interactive", "deepseek-r1")
+    tp, seqs, chunk = settings["tensor_parallel_size"], settings["max_num_seqs"], settings["max_num_batched_tokens"]
+    assert settings["speculative_config"]["method"] == "mtp"
+    with torch.device("meta"):
+        layer = DeepseekV3MTPLayer(local_config(c, tp)).bfloat16()
+        layer.mlp.gate.float()  # the router's weight and bias stay fp32, as the loader keeps them
+        layout = checkpoint_layout(layer, Shard(0, tp))
+        scaled = {
+            n for n, (_, _, shape) in layout.items() if len(shape) == 2 and "norm" not in n and "eh_proj" not in n
+        }
+        kept = keep_checkpoint_fp8(layer, scaled, torch.bfloat16)
+    assert "mlp.experts" in kept and "self_attn.o_proj" in kept
+    module = sum(p.numel() * p.element_size() for p in layer.parameters())
+    assert 1.6e9 < module < 1.7e9, module  # 32 experts x 44M FP8 params, eh_proj 7168 x 14336 bf16, attention
+    activations = chunk * (6 * c.hidden_size + 3 * c.intermediate_size) * 4
+    logits = seqs * c.vocab_size * 4 * 3
+    weights = deepseek_bytes_per_gpu(c, tp) + module
+    cache = settings["gpu_memory_utilization"] * RIGS[rig] - weights - activations - logits - CUDA_CONTEXT
+    bs = 16
+    block = kv_bytes_per_block(c, bs, torch.bfloat16) * 62 // 61
+    mean = math.ceil((DS_LONGEST_PROMPT + DS_MEAN_RESPONSE) / bs) * block
+    assert seqs * mean <= cache, f"{seqs} sequences need {seqs * mean / 1e9:.1f} GB, {cache / 1e9:.1f} left"
+    assert blocks_for_one_sequence(c, bs, settings["max_model_len"], chunk) * block <= cache
+
+
+# Where v6.1's closed division allows speculative decoding, as the reference runs it (systems/benchmarks.py).
+DS_I = ("deepseek-r1", "Interactive")
+SPECULATING = {
+    DS_I: {"method": "mtp", "num_speculative_tokens": 3},
+    ("gpt-oss-120b", "Interactive"): {
+        "method": "eagle3",
+        "model": str(saaf_cache() / "models" / "gpt-oss-120b-Eagle3-long-context"),
+        "num_speculative_tokens": 3,
+    },
+}
+
+
+@pytest.mark.parametrize("rig", RIGS)
+def test_only_deepseek_r1_and_gpt_oss_interactive_speculate_with_the_references_heads(rig):
+    """Each speculating engine is Interactive's own (a second engine: its settings are Offline's and
+    Server's with speculative_config), checked by the engine's rules and the closed division's."""
+    system = System.load(rig)
+    speculating = 0
+    for benchmark in system.models:
+        for scenario in system.scenarios:
+            settings = system.engine_settings(scenario, benchmark)
+            want = SPECULATING.get((benchmark, scenario))
+            assert settings.get("speculative_config") == want, (benchmark, scenario)
+            check_engine_settings(system, benchmark, scenario)
+            check_speculation_allowed(system, BENCHMARKS[benchmark], scenario)
+            if want is not None:
+                speculating += 1
+                plain = {k: v for k, v in settings.items() if k != "speculative_config"}
+                assert (
+                    plain == system.engine_settings("Offline", benchmark) == system.engine_settings("Server", benchmark)
+                )
+    assert speculating == (2 if "deepseek-r1" in system.models else 1)
+    for benchmark in ("llama3.1-8b", "llama2-70b-99.9"):
+        assert "speculative_config" not in system.engine_settings("Interactive", benchmark)
+
+
+def test_the_report_of_a_speculating_engine_runs_its_configurations_on_one_engine():
+    """harness/ablation.py at deepseek-r1's Interactive settings (and Server's): no configuration
+    speculates (the rig names no report.proposers), and the run worker's Offline and Server runs get
+    the same settings under each configuration's (harness/run_worker.py refuses a run whose differ),
+    also where Server itself speculates (as an open-division file might)."""
+    from harness.ablation import configurations
+
+    def rig(server_speculates: bool) -> System:
+        system = System.load("8xH200-SXM-141GB")
+        if server_speculates:
+            system.benchmark_scenario_engine["deepseek-r1"]["Server"] = {"speculative_config": SPECULATING[DS_I]}
+        return system
+
+    for server_speculates in (False, True):
+        for scenario in ("Interactive", "Server"):
+            configs = configurations(rig(server_speculates), "deepseek-r1", DS_LONGEST_PROMPT, scenario)
+            assert configs
+            for config in configs:
+                assert config.engine.get("speculative_config") is None, config.label
+                system = rig(server_speculates)
+                for run in ("Offline", "Server"):
+                    system.lay_over(run, config.engine)
+                assert system.engine_settings("Offline", "deepseek-r1") == system.engine_settings(
+                    "Server", "deepseek-r1"
+                ), (server_speculates, scenario, config.label)
