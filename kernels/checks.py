@@ -502,18 +502,22 @@ def check_fused_moe(
     num_used: int | None = None,
     seed: int = 0,
     k_contiguous: bool = False,
+    other_ranks: float = 0.0,
     **config,
 ):
     """`fused_moe_triton` (or `fused_moe_mxfp4_triton`) against its reference on random weights and
     routing (`num_used`: experts the router ever picks; the rest stay empty). `config`: tile
     overrides for the launcher. MXFP4 weights are the same bytes for both; x and the biases are
     rounded to `dtype` first. `k_contiguous`: the kernel gets the dense weights as transposed views
-    of `[E, out, in]` tensors (the checkpoint's orientation)."""
+    of `[E, out, in]` tensors (the checkpoint's orientation). `other_ranks`: the share of slots given
+    id -1, another expert-parallel rank's (computed as nothing)."""
     g = torch.Generator(device=device).manual_seed(seed)
     weights = random_moe_weights(num_experts, hidden, intermediate, dtype, device, g, mxfp4)
     if k_contiguous and not mxfp4:
         weights = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) if w.dim() == 3 else w for w in weights)
     topk_weights, topk_ids = random_routing(num_tokens, num_experts, top_k, device, g, num_used)
+    if other_ranks:
+        topk_ids = topk_ids.masked_fill(torch.rand(topk_ids.shape, generator=g, device=device) < other_ranks, -1)
     x = torch.randn(num_tokens, hidden, generator=g, device=device).to(dtype)
     fp32 = [w if w.dtype == torch.uint8 else w.float() for w in weights]
     if mxfp4:
@@ -529,7 +533,7 @@ def moe_weight_bytes(topk_ids: torch.Tensor, hidden: int, intermediate: int, mxf
     """Bytes of expert weights a MoE layer must read for this routing: every expert hit, once
     (gate_up and down matrices and their biases; MXFP4: half a byte per weight plus a scale byte
     per 32)."""
-    experts_hit = int(torch.unique(topk_ids).numel())
+    experts_hit = int(torch.unique(topk_ids[topk_ids >= 0]).numel())  # -1: another rank's slot
     weights = 3 * hidden * intermediate  # 2I x H and H x I
     matrix_bytes = weights // 2 + weights // 32 if mxfp4 else weights * dtype_bytes
     return experts_hit * (matrix_bytes + (2 * intermediate + hidden) * dtype_bytes)

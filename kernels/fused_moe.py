@@ -27,19 +27,24 @@ better one for the kernel's loads) works as well. MXFP4 (the checkpoint, see ker
 FP8 (DeepSeek's checkpoint, see kernels/fp8.py): `w_gate_up` float8_e4m3fn `[E, 2I, H]` with
 `scale_inv [E, ceil(2I/128), ceil(H/128)]` fp32, `w_down [E, H, I]` with `[E, ceil(H/128),
 ceil(I/128)]`: nn.Linear's `[out, in]` per expert, one scale per 128 x 128 block; silu, no biases.
-`topk_weights [T, k]` (fp32 from the router), `topk_ids [T, k]` (any int dtype).
+`topk_weights [T, k]` (fp32 from the router), `topk_ids [T, k]` (any int dtype) in [-1, E): a slot
+whose id is -1 belongs to no expert here (expert parallelism: another rank's expert, vLLM's
+`expert_map` convention) and contributes 0 to its token's output, whatever its weight.
 
 The Triton path (no host syncs, so it can be captured in a CUDA graph):
 
 1. `moe_align_block_size` sorts the T*k slots by expert and pads each expert's run to a multiple
-   of BLOCK_M with the sentinel T*k, one expert id per M-block (torch ops, sized by a static upper
-   bound on the padded length; programs past the real length return at once).
+   of BLOCK_M with the sentinel T*k, one expert id per M-block; the -1 slots form one more run
+   after the experts', padded the same, whose M-blocks have expert id -1 (torch ops, sized by a
+   static upper bound on the padded length; programs past the real length return at once).
 2. `_fused_moe_kernel`, launch 1: per (M-block, N-block), rows of x gathered through
    `slot // k`, the expert's weights through `expert_ids[block]`; gate and up as two accumulators
    (columns 2n and 2n+1 for gpt-oss, n and I+n for silu), the bias and the activation fused;
-   writes `act [T*k, I]` by slot.
+   writes `act [T*k, I]` by slot. An M-block of expert -1 writes zeros to its slots' rows and
+   reads no weights.
 3. Launch 2: `act @ w_down[e] + b_down[e]`, times the slot's routing weight, to `[T*k, H]` fp32 by
-   slot (each slot written by exactly one program: no atomics), then a sum over k.
+   slot (each slot written by exactly one program: no atomics; zeros for the -1 slots), then a sum
+   over k.
 
 In the MXFP4 variant the K loop decodes a `[BLOCK_K, BLOCK_N]` weight tile from packed bytes and
 scales (`kernels.mxfp4.mxfp4_weight_tiles`) as two half tiles, the even k and the odd k, and
@@ -195,19 +200,23 @@ def _experts_reference(
     """The loop over the experts that are hit, as transformers' grouped_mm path runs it: the slots
     sorted by expert, per expert `rows @ W + b`, the activation `act`, `@ Wd + bd`, times the
     routing weight; the slots back in (token, k) order and summed over k in the product's dtype (fp32
-    with the router's fp32 weights). Biases may be None. One host sync (the per-expert counts)."""
+    with the router's fp32 weights). A slot of id -1 (no expert of this rank's) contributes 0.
+    Biases may be None. One host sync (the per-expert counts)."""
     num_tokens, top_k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1).long()
-    if flat_ids.numel() and not 0 <= int(flat_ids.min()) <= int(flat_ids.max()) < num_experts:
-        raise ValueError(f"topk_ids must lie in [0, {num_experts}), got {flat_ids.min()}..{flat_ids.max()}")
-    order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    if flat_ids.numel() and not -1 <= int(flat_ids.min()) <= int(flat_ids.max()) < num_experts:
+        raise ValueError(
+            f"topk_ids must lie in [-1, {num_experts}) (-1: no expert), got {flat_ids.min()}..{flat_ids.max()}"
+        )
+    order = torch.argsort(flat_ids, stable=True)  # the -1 slots first
+    none, *counts = torch.bincount(flat_ids + 1, minlength=num_experts + 1).tolist()
     rows = x[order // top_k]
     weights = topk_weights.reshape(-1)[order, None]
     out = torch.empty(
         num_tokens * top_k, x.shape[1], dtype=torch.promote_types(x.dtype, topk_weights.dtype), device=x.device
     )
-    start = 0
+    out[order[:none]] = 0
+    start = none
     for expert, count in enumerate(counts):
         if count == 0:
             continue
@@ -317,9 +326,9 @@ def fused_moe_fp8_reference(
 
 
 def max_padded_slots(num_slots: int, num_experts: int, block_m: int) -> int:
-    """An upper bound on `num_tokens_post_padded`: at most min(slots, experts) experts are hit, and
-    each pads its run by at most block_m - 1; rounded up to whole blocks."""
-    bound = num_slots + min(num_slots, num_experts) * (block_m - 1)
+    """An upper bound on `num_tokens_post_padded`: at most min(slots, experts + 1) runs (the experts
+    hit, and the -1 slots'), each padded by at most block_m - 1; rounded up to whole blocks."""
+    bound = num_slots + min(num_slots, num_experts + 1) * (block_m - 1)
     return triton.cdiv(bound, block_m) * block_m
 
 
@@ -330,18 +339,23 @@ def moe_align_block_size(
 
     - `sorted_token_ids` int32 `[max_padded_slots]`: slot ids (token * k + j) sorted by expert (in
       slot order within one), each expert's run padded to a multiple of block_m with the sentinel
-      T*k; entries past `num_tokens_post_padded` are the sentinel too.
-    - `expert_ids` int32 `[max_padded_slots / block_m]`: the expert of each M-block; -1 past the end.
-    - `num_tokens_post_padded` int32 `[1]`: the padded length (on the device: no host sync).
+      T*k, then the run of the slots whose id is -1 (no expert here), padded the same; entries past
+      `num_tokens_post_padded` are the sentinel too.
+    - `expert_ids` int32 `[max_padded_slots / block_m]`: the expert of each M-block; -1 for the
+      blocks of the -1 slots' run (the kernel writes zeros for them) and past the end.
+    - `num_tokens_post_padded` int32 `[1]`: the padded length, the -1 run included (on the device:
+      no host sync).
 
     Torch ops only (an argsort, a scatter-add histogram, a cumsum, a searchsorted), none of which
     waits for the GPU, and every shape fixed by (T, k, E, block_m): CUDA-graph safe. Experts hit by
-    no slot get no block."""
+    no slot get no block, nor does the -1 run when no id is -1. Ids must lie in [-1, E) (unchecked:
+    a check would sync)."""
     device = topk_ids.device
     flat = topk_ids.reshape(-1).long()
+    flat = torch.where(flat < 0, num_experts, flat)  # -1: a last bucket, E, after the experts
     num_slots = flat.numel()
     capacity = max_padded_slots(num_slots, num_experts, block_m)
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=device)
     counts.scatter_add_(0, flat, torch.ones_like(flat))
     padded_ends = torch.cumsum((counts + block_m - 1) // block_m * block_m, dim=0)
     padded_starts = padded_ends - (counts + block_m - 1) // block_m * block_m
@@ -353,7 +367,7 @@ def moe_align_block_size(
     sorted_token_ids[padded_starts[sorted_experts] + rank] = order.to(torch.int32)
     block_starts = torch.arange(0, capacity, block_m, device=device)
     expert_ids = torch.searchsorted(padded_ends, block_starts, right=True)
-    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1).to(torch.int32)  # -1 run; past the end
     num_tokens_post_padded = padded_ends[-1:].to(torch.int32)
     return sorted_token_ids, expert_ids, num_tokens_post_padded
 
@@ -408,7 +422,8 @@ def _fused_moe_kernel(
     scales `[E, rows, K/32]`. ACTIVATION 1 (gpt-oss): output n reads B's columns (rows for MXFP4) 2n
     (gate) and 2n + 1 (up), adds their biases and applies the clamped SwiGLU; 2 (silu): columns n
     (gate) and N + n (up), silu(gate) * up; 0: output n is column n, plus its bias, times the slot's
-    routing weight if MUL_ROUTED_WEIGHT. HAS_BIAS: whether there are biases."""
+    routing weight if MUL_ROUTED_WEIGHT. HAS_BIAS: whether there are biases. An M-block of expert -1
+    (slots of no expert here) stores zeros to its slots' rows and reads no weights."""
     # Grouped order: GROUP_M M-blocks share each N-block's weights while they are in L2.
     pid = tl.program_id(0)
     num_n_blocks = tl.cdiv(N, BLOCK_N)
@@ -422,10 +437,15 @@ def _fused_moe_kernel(
 
     slots = tl.load(sorted_token_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     slot_mask = slots < num_slots
-    a_rows = tl.where(slot_mask, slots // TOP_K, 0)
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
+    c_ptrs = c_ptr + slots[:, None] * stride_cm + offs_n[None, :] * stride_cn
+    c_mask = slot_mask[:, None] & n_mask[None, :]
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    if expert == -1:  # slots of no expert here (another rank's): they contribute 0
+        tl.store(c_ptrs, tl.zeros((BLOCK_M, BLOCK_N), dtype=c_ptr.dtype.element_ty), mask=c_mask)
+        return
+    a_rows = tl.where(slot_mask, slots // TOP_K, 0)
     if ACTIVATION == 1:
         cols = 2 * offs_n  # gate; up is the next column
         up_cols = cols + 1
@@ -496,8 +516,7 @@ def _fused_moe_kernel(
     if MUL_ROUTED_WEIGHT:
         routed = tl.load(topk_weights_ptr + slots, mask=slot_mask, other=0.0).to(tl.float32)
         acc = acc * routed[:, None]
-    c_ptrs = c_ptr + slots[:, None] * stride_cm + offs_n[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=slot_mask[:, None] & n_mask[None, :])
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=c_mask)
 
 
 def moe_tile_config(num_slots: int, num_experts: int, dtype: torch.dtype, mxfp4: bool) -> dict:

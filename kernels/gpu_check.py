@@ -386,7 +386,8 @@ MOE_TOKENS = [1, 64, 512, 2048]
 def check_moe(device) -> list[dict]:
     """The fused MoE at gpt-oss's shape (hidden 2880 is no power of two: the K and N masks), bf16
     weights and MXFP4 ones, at each batch; K-contiguous weights, fp16, fp32; and tokens routed to
-    9 of 16 experts (empty experts) at the decode and the prefill tiles."""
+    9 of 16 experts (empty experts) at the decode and the prefill tiles; and slots of other
+    expert-parallel ranks (id -1)."""
     hidden, intermediate, num_experts, top_k = MOE_SHAPE
     cases = []
     for num_tokens in MOE_TOKENS:
@@ -402,6 +403,9 @@ def check_moe(device) -> list[dict]:
         for mxfp4 in (False, True):
             name = f"fused_moe {'MXFP4' if mxfp4 else 'bf16'} weights T={num_tokens} on 9 of 16 experts"
             cases.append((name, torch.bfloat16, num_tokens, dict(mxfp4=mxfp4, num_experts=16, num_used=9)))
+    for num_tokens in (1, 300):  # expert parallel: 7 of 8 slots another rank's (id -1, written as zeros)
+        name = f"fused_moe bf16 weights T={num_tokens}, 7/8 of the slots id -1 (expert parallel)"
+        cases.append((name, torch.bfloat16, num_tokens, dict(other_ranks=0.875)))
     results = []
     for case, dtype, num_tokens, options in cases:
         options = dict(num_experts=num_experts) | options

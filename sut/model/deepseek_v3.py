@@ -298,11 +298,13 @@ class DeepseekV3Experts(nn.Module):
         return layout
 
     def forward(self, x, weights, ids, ops: KernelOps, shard: Shard | None = None):
-        if shard is not None:  # expert parallel: this rank's experts by their local ids; the others' slots weigh 0
+        if shard is not None:
+            # Expert parallel: this rank's experts by their local ids; the other ranks' slots get id -1,
+            # which the op computes nothing for (they add 0; their weights are zeroed too, and not read).
             held = self.gate_up_proj.shape[0]
             local = ids - shard.rank * held
             mine = (local >= 0) & (local < held)
-            ids, weights = torch.where(mine, local, 0), weights * mine
+            ids, weights = torch.where(mine, local, -1), weights * mine
         if self.fp8:  # the op takes the FP8 weights as stored, [experts, out, in]
             return ops.fused_moe_fp8(
                 x,
