@@ -46,7 +46,8 @@ class KernelOps:
     silu_and_mul: Callable  # (gate_up) -> silu(gate) * up
     rejection_sample: Callable = rejection_sample_reference  # the verifier of speculative decoding (see its module)
     # (x, w_gate_up, b_gate_up, w_down, b_down, topk_weights, topk_ids, alpha, limit, activation="gpt_oss") -> out:
-    # gpt-oss's experts; activation="silu" (biases None) for DeepSeek's: silu(gate) * up over [gate | up]
+    # gpt-oss's experts; activation="silu" (biases None) for DeepSeek's: silu(gate) * up over [gate | up];
+    # a topk_ids entry of -1 (another expert-parallel rank's slot) adds 0, in each of the three
     fused_moe: Callable = fused_moe_reference
     # (x, gate_up_blocks, gate_up_scales, b_gate_up, down_blocks, down_scales, b_down, topk_weights,
     # topk_ids, alpha, limit) -> out: the same from MXFP4 expert weights
