@@ -1004,7 +1004,9 @@ def markdown(results: dict) -> str:
             "",
             "## Engine steps (random weights, block size 16; sut/bench/gpu_steps.py)",
             "",
-            "Llama-3.1-8B's shape in bf16, and gpt-oss-120b's with MXFP4 experts. Roofline: the weights (the "
+            "Llama-3.1-8B's shape in bf16, gpt-oss-120b's with MXFP4 experts, and rank 0's share of DeepSeek-R1 "
+            "at TP/EP 8 with FP8 weights (alone: its collectives not timed, its logits its vocabulary slice's). "
+            "Roofline: the weights (the "
             "embedding's rows aside; of the experts, the expected share the step's tokens pick) plus the K/V "
             "each context reads (a window layer's window) once a step.",
             "",

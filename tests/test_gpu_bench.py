@@ -168,3 +168,46 @@ def test_the_results_page_has_each_half_it_was_given():
         "8B decode step at batch 1 >= 85% of the weight-plus-KV roofline (best of eager and graphs): met in 1 of 1"
         in page
     )
+
+
+def test_step_bench_runs_one_rank_of_a_deepseek_r1_shaped_fp8_model():
+    """gpu_check's DeepSeek-R1 steps on a tiny shape: rank 0's share of TP/EP 2 alone in a group of
+    one, its decoder linears and experts FP8 with 128 x 128 block scales (the slices of the whole
+    random model's), steps over the latent cache with logits of its vocabulary slice."""
+    from sut.bench.gpu_steps import DEEPSEEK_R1
+    from sut.config import ModelConfig
+    from sut.model.fp8 import Fp8Linear
+    from sut.model.loader import random_model
+
+    tiny = {
+        **DEEPSEEK_R1,
+        **dict(vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=128),
+        **dict(num_hidden_layers=2, first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4),
+        **dict(n_routed_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2, n_shared_experts=2),
+        **dict(q_lora_rank=128, kv_lora_rank=64, qk_nope_head_dim=64, qk_rope_head_dim=64, v_head_dim=64),
+        **dict(max_position_embeddings=256, torch_dtype="float32"),
+    }
+    bench = StepBench(tiny, "cpu", max_num_seqs=4, max_model_len=64, max_tokens=4 * 20 + 2 * 16, one_rank_of=2)
+    try:
+        model = bench.runner.model
+        attn, moe = model.model.layers[1].self_attn, model.model.layers[1].mlp
+        assert isinstance(attn.q_b_proj, Fp8Linear) and moe.experts.fp8
+        assert moe.experts.gate_up_proj.shape[0] == 4 and model.lm_head.weight.shape[0] == 128
+        whole = random_model(ModelConfig.from_dict(tiny), torch.float32, torch.device("cpu"))
+        want = whole.model.layers[1].self_attn.q_b_proj
+        assert torch.equal(attn.q_b_proj.weight.view(torch.uint8), want.weight[:256].view(torch.uint8))
+        assert torch.equal(attn.q_b_proj.weight_scale_inv, want.weight_scale_inv[:2])
+        assert torch.equal(moe.experts.down_proj, whole.model.layers[1].mlp.experts.down_proj[:4])
+        outputs = []
+        execute = bench.runner.execute
+        bench.runner.execute = lambda step: outputs.append(execute(step)) or outputs[-1]
+        decode = bench.measure(3, 20, repeats=2)
+        mixed = bench.measure(2, 20, prefill=16, repeats=2)
+        assert all(o.shape[1] == 128 and torch.isfinite(o).all() for o in outputs)
+        kv_per_token = 2 * (64 + 64) * 4  # one entry a layer (the 64-dim latent and 64 rope dims), 2 layers, fp32
+        touched = 1 - (1 - 2 / 8) ** 3
+        assert decode["bytes_read"] == int(bench.weight_bytes + bench.expert_bytes * touched) + 3 * 20 * kv_per_token
+        assert mixed["tokens_per_s"] > 0
+        assert bench.block_manager.num_free_blocks == bench.block_manager.num_blocks
+    finally:
+        bench.close()

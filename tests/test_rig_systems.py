@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from harness.config import RunConfig, check_engine_settings, check_speculation_allowed
+from sut.bench.gpu_steps import DEEPSEEK_R1
 from sut.config import ModelConfig
 from sut.worker.model_runner import blocks_for_one_sequence, kv_bytes_per_block
 from systems.benchmarks import BENCHMARKS
@@ -145,41 +146,6 @@ def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
     assert "convert_gguf" in demo and "demo_data" in demo
 
 
-# deepseek-ai/DeepSeek-R1's config.json (v61-models.md section 2a): 61 layers, the first 3 dense; MLA;
-# 256 routed experts (top 8 of 4 groups of 8) and 1 shared, of intermediate 2048; FP8 128x128 blocks.
-DEEPSEEK_R1 = {
-    "architectures": ["DeepseekV3ForCausalLM"],
-    "model_type": "deepseek_v3",
-    "vocab_size": 129280,
-    "hidden_size": 7168,
-    "intermediate_size": 18432,
-    "moe_intermediate_size": 2048,
-    "num_hidden_layers": 61,
-    "num_attention_heads": 128,
-    "num_key_value_heads": 128,
-    "n_routed_experts": 256,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 8,
-    "n_group": 8,
-    "topk_group": 4,
-    "first_k_dense_replace": 3,
-    "routed_scaling_factor": 2.5,
-    "q_lora_rank": 1536,
-    "kv_lora_rank": 512,
-    "qk_nope_head_dim": 128,
-    "qk_rope_head_dim": 64,
-    "v_head_dim": 128,
-    "max_position_embeddings": 163840,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000,
-    "rope_scaling": {
-        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
-        "mscale": 1.0, "mscale_all_dim": 1.0,
-    },
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
-    "torch_dtype": "bfloat16",
-    "eos_token_id": 1,
-}  # fmt: skip
 DS_LONGEST_PROMPT, DS_MEAN_RESPONSE, DS_MAX_NEW = 3136 + 4, 3886, 20000  # the reference's MAX_ISL (+ template), OSL
 
 

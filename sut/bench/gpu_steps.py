@@ -76,6 +76,43 @@ GPT_OSS_120B = dict(
 )
 
 
+# deepseek-ai/DeepSeek-R1's config.json (v61-models.md section 2a): 61 layers, the first 3 dense; MLA;
+# 256 routed experts (top 8 of 4 groups of 8) and 1 shared, of intermediate 2048; FP8 128x128 blocks.
+DEEPSEEK_R1 = {
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 8,
+    "topk_group": 4,
+    "first_k_dense_replace": 3,
+    "routed_scaling_factor": 2.5,
+    "q_lora_rank": 1536,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "max_position_embeddings": 163840,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32, "beta_slow": 1,
+        "mscale": 1.0, "mscale_all_dim": 1.0,
+    },
+    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+    "torch_dtype": "bfloat16",
+    "eos_token_id": 1,
+}  # fmt: skip
+
+
 class StepBench:
     """A random model on `device` with a KV pool for `max_tokens` tokens, and steps over made-up
     sequences (their K/V are whatever the pool holds: attention's cost does not depend on it)."""
@@ -89,8 +126,12 @@ class StepBench:
         max_tokens: int,
         cuda_graphs: bool = False,
         block_size: int = 16,
+        one_rank_of: int = 1,
         **settings,
     ):
+        """`one_rank_of` N > 1: rank 0's share of a tensor- (and expert-) parallel model of N ranks, alone
+        in a process group of one (its all-reduces move nothing; its logits are its vocabulary slice's):
+        a rank's compute without the collectives' time, where the whole model fits no one device."""
         self.model_config = ModelConfig.from_dict(raw_config, "the benchmark's model")
         mc, dtype = self.model_config, self.model_config.dtype
         self.device = torch.device(device)
@@ -105,8 +146,18 @@ class StepBench:
             cuda_graphs=cuda_graphs,
             **settings,
         )
-        model = random_model(mc, dtype, self.device)
-        self.runner = ModelRunner(None, mc, self.config, max_model_len, dtype, self.device, num_blocks, model=model)
+        shard, self.group = None, False
+        if one_rank_of > 1:
+            shard, self.group = Shard(0, one_rank_of), True
+            init_group(0, 1, free_port(), self.device)
+        try:
+            model = random_model(mc, dtype, self.device, shard=shard)
+            self.runner = ModelRunner(
+                None, mc, self.config, max_model_len, dtype, self.device, num_blocks, model=model, shard=shard
+            )
+        except BaseException:
+            self.close()
+            raise
         self.block_manager = BlockManager(num_blocks, block_size, sliding_window=self.runner.kv_window)
         named = [(n, p.numel() * p.element_size()) for n, p in model.named_parameters()]
         # A step reads embedding rows only, and of a mixture of experts the experts its tokens pick.
@@ -116,6 +167,12 @@ class StepBench:
         )
         self.kv_bytes_per_token = kv_bytes_per_block(mc, block_size, dtype) // block_size
         self._next = 0
+
+    def close(self) -> None:
+        """The process group of one, where `one_rank_of` made it."""
+        if self.group:
+            dist.destroy_process_group()
+            self.group = False
 
     def _sequence(self, context: int) -> Sequence:
         self._next += 1

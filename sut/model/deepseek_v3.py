@@ -231,7 +231,8 @@ class DeepseekV3Experts(nn.Module):
 
     Expert parallelism (a tensor-parallel rank's config, sut/parallel/): a rank holds its
     `Shard.experts` only and reads no other expert's tensors; its output is its experts' share of
-    every token's (the other slots weigh 0), which the MoE's all-reduce sums over the ranks."""
+    every token's (the other ranks' slots get id -1, which the op computes nothing for), which the
+    MoE's all-reduce sums over the ranks."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()

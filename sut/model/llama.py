@@ -172,4 +172,4 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head(hidden).float()
-        return gather_logits(logits, self.tp) if self.tp else logits
+        return gather_logits(logits) if self.tp else logits

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from kernels.fp8 import FP8_BLOCK, dequantize_fp8
+from kernels.fp8 import FP8_BLOCK, dequantize_fp8, quantize_fp8_block
 from kernels.mxfp4 import dequantize_mxfp4
 from sut.config import ModelConfig
 from sut.errors import CheckpointError
@@ -310,19 +310,25 @@ def random_model(
     """A model of `config`'s shape with random weights (N(0, 0.02), norms 1) and no checkpoint, for
     benchmarks and checks: each checkpoint tensor drawn whole on `device` from a generator seeded by
     `seed` and its place in the checkpoint's order, so a tensor-parallel rank (`shard`) holds exactly
-    its slices of the model one process gets. An MXFP4 model's experts are random MXFP4 bytes."""
+    its slices of the model one process gets. An MXFP4 model's experts are random MXFP4 bytes; an FP8
+    model's (DeepSeek's) decoder linears are held as its checkpoint's are (`keep_checkpoint_fp8`),
+    random weights quantized per 128 x 128 block."""
     with torch.device("meta"):
         whole = model_class(config)(config)
         model = model_class(config)(local_config(config, shard.size) if shard is not None else config)
         if config.quantization == "mxfp4":
             whole.keep_experts_mxfp4()
             model.keep_experts_mxfp4()
+        if config.quantization == "fp8":  # as DeepSeek's checkpoint stores them: the decoder layers' linears
+            scaled = {n for n in checkpoint_layout(whole) if n.startswith("model.layers.") and n.endswith(".weight")}
+            keep_checkpoint_fp8(whole, scaled, dtype)
+            keep_checkpoint_fp8(model, scaled, dtype)
         whole = checkpoint_layout(whole)
     expected = checkpoint_layout(model, shard)
     names = [n for n in sorted(whole) if not (config.tie_word_embeddings and n == "lm_head.weight")]
     for i, name in enumerate(names):
         shape = whole[name][2]
-        if expected[name][0] is None:  # another rank's expert
+        if expected[name][0] is None or name.endswith("_scale_inv"):  # another rank's expert; a scale, with its weight
             continue
         if name.endswith("norm.weight"):
             tensor = torch.ones(shape, device=device)
@@ -336,6 +342,12 @@ def random_model(
             generator = torch.Generator(device=device).manual_seed(seed * 1_000_003 + i)
             tensor = torch.randn(shape, generator=generator, device=device) * 0.02
         param_name, row, _ = expected[name]
+        scale_name = name + "_scale_inv"
+        if scale_name in expected:  # held in FP8: the weight and its block scales, each sliced as the loader reads them
+            tensor, scale = quantize_fp8_block(tensor)
+            _put(model, *expected[scale_name][:2], slice_for(scale_name, scale, shard), device, torch.float32)
+            _put(model, param_name, row, slice_for(name, tensor, shard), device, tensor.dtype)
+            continue
         _put(model, param_name, row, slice_for(name, tensor, shard), device, dtype)
         del tensor
     model.finish_loading(device, shard)

@@ -26,9 +26,10 @@ def embed(embedding: torch.nn.Embedding, input_ids: torch.Tensor, shard: Shard) 
     return all_reduce(x)
 
 
-def gather_logits(logits: torch.Tensor, shard: Shard) -> torch.Tensor:
-    """Whole-vocabulary logits from each rank's slice (rank order is vocabulary order)."""
-    parts = [torch.empty_like(logits) for _ in range(shard.size)]
+def gather_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Whole-vocabulary logits from each rank's slice (rank order is vocabulary order); in a group
+    of one (a rank's share benchmarked alone, sut/bench/gpu_steps.py), its slice's."""
+    parts = [torch.empty_like(logits) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, logits.contiguous())
     return torch.cat(parts, dim=-1)
 
