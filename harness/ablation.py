@@ -142,6 +142,20 @@ def report_settings(system: System, benchmark: str) -> dict:
     settings["layouts"] = [
         layout for layout in settings["layouts"] if benchmark in layout.get("benchmarks", [benchmark])
     ]
+    if not isinstance(settings["proposers"], list):
+        raise HarnessConfigError(f"{where}.proposers must be a list of speculative_config values")
+    for i, proposer in enumerate(settings["proposers"]):
+        if not isinstance(proposer, dict) or not isinstance(proposer.get("benchmarks", []), list):
+            raise HarnessConfigError(
+                f"{where}.proposers[{i}] must be a speculative_config object, optionally with the benchmarks it "
+                f"is for, got {proposer!r}"
+            )
+    # A proposer may be one model's own (MTP: DeepSeek's; an EAGLE3 head: its target's).
+    settings["proposers"] = [
+        {k: v for k, v in proposer.items() if k != "benchmarks"}
+        for proposer in settings["proposers"]
+        if benchmark in proposer.get("benchmarks", [benchmark])
+    ]
     if not isinstance(settings["numerics"], list):
         raise HarnessConfigError(f"{where}.numerics must be a list of numerics options, got {settings['numerics']!r}")
     settings["numerics"] = [
@@ -286,9 +300,12 @@ def configurations(system: System, benchmark: str, longest_prompt: int, scenario
     for i, proposer in enumerate(report["proposers"], 1):
         if "model" in proposer:  # a draft's folder, written as the system file's model folders are
             proposer = {**proposer, "model": str(expand_path(proposer["model"]))}
-        name = {"ngram": "n-gram speculation", "draft_model": "draft-model speculation"}.get(
-            proposer.get("method"), "speculation"
-        )
+        name = {
+            "ngram": "n-gram speculation",
+            "draft_model": "draft-model speculation",
+            "eagle3": "EAGLE3 speculation",
+            "mtp": "MTP speculation",
+        }.get(proposer.get("method"), "speculation")
         configs.append(
             Config(
                 f"04-speculative-{i}",

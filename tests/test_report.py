@@ -600,10 +600,25 @@ def test_report_settings_refuse_what_is_malformed():
         ("samples", 0, "samples must be a positive integer, got 0"),
         ("budget", 3, "unknown keys ['budget']"),
         ("layouts", [{"name": "two"}], "layouts[0] must be an object with a name, its engine settings"),
+        ("proposers", {"method": "ngram"}, "proposers must be a list of speculative_config values"),
+        ("proposers", [{"method": "mtp", "benchmarks": "deepseek-r1"}], "proposers[0] must be a speculative_config"),
     ):
         demo.report = {**own, key: value}
         with pytest.raises(HarnessConfigError, match=re.escape(message)):
             report_settings(demo, "llama3.1-8b")
+
+
+def test_a_proposer_for_other_benchmarks_is_left_out():
+    """A proposer naming its benchmarks (a model's own MTP module or EAGLE3 head) is measured for
+    those alone, without the key in its speculative_config."""
+    from harness.ablation import report_settings
+    from systems.schema import System
+
+    demo = System.load("cpu-demo")
+    ngram = {"method": "ngram", "num_speculative_tokens": 2}
+    demo.report = {**demo.report, "proposers": [{"method": "mtp", "benchmarks": ["deepseek-r1"]}, ngram]}
+    assert report_settings(demo, "llama3.1-8b")["proposers"] == [ngram]
+    assert report_settings(demo, "deepseek-r1")["proposers"] == [{"method": "mtp"}, ngram]
 
 
 def test_layouts_build_on_the_systems_own_settings_and_a_comparison_selects_by_label():

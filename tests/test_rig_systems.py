@@ -273,10 +273,11 @@ def test_only_deepseek_r1_and_gpt_oss_interactive_speculate_with_the_references_
 
 
 def test_the_report_of_a_speculating_engine_runs_its_configurations_on_one_engine():
-    """harness/ablation.py at deepseek-r1's Interactive settings (and Server's): no configuration
-    speculates (the rig names no report.proposers), and the run worker's Offline and Server runs get
-    the same settings under each configuration's (harness/run_worker.py refuses a run whose differ),
-    also where Server itself speculates (as an open-division file might)."""
+    """harness/ablation.py at deepseek-r1's Interactive settings (and Server's): only the report's own
+    proposer configuration speculates (report.proposers: MTP for deepseek-r1; gpt-oss-120b's EAGLE3
+    head is not deepseek-r1's), and the run worker's Offline and Server runs get the same settings
+    under each configuration's (harness/run_worker.py refuses a run whose differ), also where Server
+    itself speculates (as an open-division file might)."""
     from harness.ablation import configurations
 
     def rig(server_speculates: bool) -> System:
@@ -288,9 +289,11 @@ def test_the_report_of_a_speculating_engine_runs_its_configurations_on_one_engin
     for server_speculates in (False, True):
         for scenario in ("Interactive", "Server"):
             configs = configurations(rig(server_speculates), "deepseek-r1", DS_LONGEST_PROMPT, scenario)
-            assert configs
+            speculating = [c for c in configs if c.engine.get("speculative_config") is not None]
+            assert [(c.label, c.engine["speculative_config"]) for c in speculating] == [
+                ("MTP speculation", SPECULATING[DS_I])
+            ]
             for config in configs:
-                assert config.engine.get("speculative_config") is None, config.label
                 system = rig(server_speculates)
                 for run in ("Offline", "Server"):
                     system.lay_over(run, config.engine)
