@@ -133,21 +133,21 @@ def load_mtp_layer(
         # A rank's slices of an FP8 weight and of its scales are whole blocks (check_fp8_blocks).
         tensor = read(name)
         scale = read(name + SCALE_SUFFIX).float() if name in scaled else None
-        dtype_of = dtype
+        held = dtype  # what the parameter holds
         if scale is not None and name + SCALE_SUFFIX in layout:  # held as stored
             if not scale.isfinite().all() or ((tensor.view(torch.uint8) & 0x7F) == 0x7F).any():  # e4m3 NaN bytes
                 raise CheckpointError(f"{found[name][0]}: FP8 tensor {prefix + name!r} or its scales hold NaN or inf")
             scale_param, scale_row, _ = layout[name + SCALE_SUFFIX]
             _put(layer, scale_param, scale_row, scale, device, torch.float32)
             loaded.add(name + SCALE_SUFFIX)
-            dtype_of = tensor.dtype
+            held = tensor.dtype
         elif scale is not None:
             tensor = dequantize_fp8(tensor, scale, FP8_BLOCK)
-        if dtype_of == dtype and not tensor.isfinite().all():
+        if held == dtype and not tensor.isfinite().all():
             raise CheckpointError(
                 f"{found[name][0]}: tensor {prefix + name!r} holds NaN or inf values (a corrupt checkpoint)"
             )
-        _put(layer, param, row, tensor, device, dtype_of)
+        _put(layer, param, row, tensor, device, held)
         loaded.add(name)
     missing = sorted(set(layout) - loaded)
     if missing:

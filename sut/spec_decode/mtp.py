@@ -119,9 +119,8 @@ class MtpProposer(Eagle3Proposer):
         (`mtp_kv_cache`), whose final norm, block size and step inputs the module uses.
         Eagle3Proposer.__init__ loads a head folder: not called."""
         self.runner, self.default_generator = runner, default_generator
-        self.aux_layers = (
-            runner.model.config.num_layers,
-        )  # what leaves the target's last layer, before its final norm
+        # What leaves the target's last layer, before its final norm.
+        self.aux_layers = (runner.model.config.num_layers,)
         self.pending = weakref.WeakKeyDictionary()
 
     def combine(self, aux: torch.Tensor) -> torch.Tensor:
