@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from accuracy.gpt_oss import CodeTests, SandboxLimits, load_lcb_problems, plain_cell, read_frame, run_code_jobs
+from accuracy.gpt_oss import CodeTests, SandboxLimits, logged_responses, plain_cell, read_frame, run_code_jobs
 from accuracy.math_grade import SympyJudge, grade_answer
 
 # The reference's graders, in the order it tries them: a dataset name is graded by the first of these
@@ -343,33 +343,11 @@ def evaluate(
 ) -> dict:
     """Score an accuracy log: score_samples()'s result for its responses, each qsl_idx once (the first
     entry), decoded with the local tokenizer, special tokens skipped."""
-    from accuracy.accuracy_log import AccuracyLogError, read_accuracy_entries
-    from accuracy.evaluate import load_tokenizer
-
     records = load_records(dataset_path)
-    entries = read_accuracy_entries(log_path)
-    if not entries:
-        raise AccuracyLogError(f"{log_path}: the accuracy log holds no responses")
-    kept, seen = [], set()
-    for entry in entries:
-        qsl_idx = entry["qsl_idx"]
-        if not 0 <= qsl_idx < len(records):
-            raise AccuracyLogError(
-                f"{log_path}: qsl_idx {qsl_idx} is outside the dataset {dataset_path} of {len(records)} samples"
-            )
-        if qsl_idx not in seen:
-            kept.append(entry)
-            seen.add(qsl_idx)
-    if isinstance(lcb_problems, (str, Path)):
-        wanted = {
-            str(records[e["qsl_idx"]]["ground_truth"])
-            for e in kept
-            if "livecodebench" in str(records[e["qsl_idx"]]["dataset"]).lower()
-        }
-        lcb_problems = load_lcb_problems(lcb_problems, wanted) if wanted else {}
-    tokenizer = load_tokenizer(Path(tokenizer_dir))
-    texts = tokenizer.batch_decode([e["data"] for e in kept], skip_special_tokens=True)
-    samples = [Sample(e["qsl_idx"], text, len(e["data"])) for e, text in zip(kept, texts)]
+    responses, lcb_problems, dropped = logged_responses(
+        log_path, dataset_path, records, tokenizer_dir, lcb_problems, skip_special_tokens=True
+    )
+    samples = [Sample(*response) for response in responses]
     result = score_samples(
         samples,
         records,
@@ -379,7 +357,7 @@ def evaluate(
         missing_problem_wrong=missing_problem_wrong,
         source=str(dataset_path),
     )
-    result["duplicates_dropped"] = len(entries) - len(kept)
+    result["duplicates_dropped"] = dropped
     return result
 
 

@@ -840,10 +840,33 @@ def evaluate(
     """Score an accuracy log: score()'s result for its responses, decoded with the local tokenizer.
     Entries are taken once per qsl_idx (the first); `every_entry` scores each entry of the log, as the
     reference does (a LoadGen accuracy log, and TEST07's, hold each sample once: the two agree there)."""
+    records = load_records(dataset_path)
+    responses, lcb_problems, dropped = logged_responses(
+        log_path, dataset_path, records, tokenizer_dir, lcb_problems, skip_special_tokens=False, every_entry=every_entry
+    )
+    samples = [Sample(*response) for response in responses]
+    result = score_samples(samples, records, lcb_problems=lcb_problems, limits=limits, source=str(dataset_path))
+    result["duplicates_dropped"] = dropped
+    return result
+
+
+def logged_responses(
+    log_path: str | Path,
+    dataset_path: str | Path,
+    records: list[dict],
+    tokenizer_dir: str | Path,
+    lcb_problems: str | Path | Mapping[str, CodeTests] | None,
+    *,
+    skip_special_tokens: bool,
+    every_entry: bool = False,
+) -> tuple[list[tuple[int, str, int]], Mapping[str, CodeTests] | None, int]:
+    """An accuracy log's responses to the dataset's `records` (gpt-oss's and DeepSeek-R1's): each
+    qsl_idx once, its first entry (`every_entry`: every entry), as (qsl_idx, text decoded with the
+    local tokenizer, tokens logged); the LiveCodeBench problems they need (read from `lcb_problems`
+    where it is a folder, else as given); and how many entries were left out."""
     from accuracy.accuracy_log import AccuracyLogError, read_accuracy_entries
     from accuracy.evaluate import load_tokenizer
 
-    records = load_records(dataset_path)
     entries = read_accuracy_entries(log_path)
     if not entries:
         raise AccuracyLogError(f"{log_path}: the accuracy log holds no responses")
@@ -865,11 +888,9 @@ def evaluate(
         }
         lcb_problems = load_lcb_problems(lcb_problems, wanted) if wanted else {}
     tokenizer = load_tokenizer(Path(tokenizer_dir))
-    texts = tokenizer.batch_decode([e["data"] for e in kept], skip_special_tokens=False)
-    samples = [Sample(e["qsl_idx"], text, len(e["data"])) for e, text in zip(kept, texts)]
-    result = score_samples(samples, records, lcb_problems=lcb_problems, limits=limits, source=str(dataset_path))
-    result["duplicates_dropped"] = len(entries) - len(kept)
-    return result
+    texts = tokenizer.batch_decode([e["data"] for e in kept], skip_special_tokens=skip_special_tokens)
+    responses = [(e["qsl_idx"], text, len(e["data"])) for e, text in zip(kept, texts)]
+    return responses, lcb_problems, len(entries) - len(kept)
 
 
 def main(argv: list[str] | None = None) -> None:
