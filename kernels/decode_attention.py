@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.triton_utils import attend_paged_keys, check_dot_dim, num_sms, upcast_dot_operands
+from kernels.triton_utils import attend_paged_keys, check_dot_dim, num_sms, online_softmax_tile, upcast_dot_operands
 
 LOG2E = 1.4426950408889634
 BLOCK_N = 64  # keys per inner step
@@ -162,17 +162,7 @@ def attend_paged_latent_keys(
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
             s += tl.dot(q_pe, tl.trans(k_pe), input_precision="ieee")
             s = s * scale_log2  # [rows, BLOCK_N]
-            if MASKED:
-                visible = key_ok[None, :] & (pos[None, :] <= row_pos[:, None])
-                if USE_WINDOW:
-                    visible = visible & (pos[None, :] > row_pos[:, None] - window)
-                s = tl.where(visible, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            alpha = tl.exp2(m - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l = l * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-            m = m_new
+            m, l, acc = online_softmax_tile(s, v, pos, key_ok, row_pos, window, m, l, acc, MASKED, USE_WINDOW)
     return m, l, acc
 
 

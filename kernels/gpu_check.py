@@ -45,7 +45,7 @@ from kernels.prefill_attention import _find_sequence, _prefill_kernel, prefill_a
 from kernels.rejection_sample import _block_weights, _rejection_sample_kernel
 from kernels.rms_norm import _rms_norm_kernel
 from kernels.rotary import _rotary_kernel, _rotate_heads
-from kernels.triton_utils import attend_paged_keys
+from kernels.triton_utils import attend_paged_keys, online_softmax_tile
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -426,22 +426,36 @@ CHECKS = [
     (
         "decode attention",
         check_decode,
-        [_decode_split_kernel, _decode_reduce_kernel, attend_paged_latent_keys, attend_paged_keys],
+        [_decode_split_kernel, _decode_reduce_kernel, attend_paged_latent_keys, attend_paged_keys, online_softmax_tile],
     ),
     (
         "prefill attention",
         check_prefill,
-        [_prefill_kernel, _find_sequence, attend_paged_latent_keys, attend_paged_keys],
+        [_prefill_kernel, _find_sequence, attend_paged_latent_keys, attend_paged_keys, online_softmax_tile],
     ),
     (
         "mixed step attention",
         check_mixed_step,
-        [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys],
+        [
+            _decode_split_kernel,
+            _decode_reduce_kernel,
+            _prefill_kernel,
+            _find_sequence,
+            attend_paged_keys,
+            online_softmax_tile,
+        ],
     ),
     (
         "gpt-oss attention (sinks, sliding window)",
         check_sinks_window,
-        [_decode_split_kernel, _decode_reduce_kernel, _prefill_kernel, _find_sequence, attend_paged_keys],
+        [
+            _decode_split_kernel,
+            _decode_reduce_kernel,
+            _prefill_kernel,
+            _find_sequence,
+            attend_paged_keys,
+            online_softmax_tile,
+        ],
     ),
     (
         "DeepSeek MLA attention (absorbed, decompressed)",
@@ -453,6 +467,7 @@ CHECKS = [
             _find_sequence,
             attend_paged_latent_keys,
             attend_paged_keys,
+            online_softmax_tile,
             _store_kvcache_kernel,
         ],
     ),

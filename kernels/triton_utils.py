@@ -75,15 +75,23 @@ def attend_paged_keys(
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2  # [rows, BLOCK_N]
-        if MASKED:
-            visible = key_ok[None, :] & (pos[None, :] <= row_pos[:, None])
-            if USE_WINDOW:
-                visible = visible & (pos[None, :] > row_pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        m = m_new
+        m, l, acc = online_softmax_tile(s, v, pos, key_ok, row_pos, window, m, l, acc, MASKED, USE_WINDOW)
     return m, l, acc
+
+
+@triton.jit
+def online_softmax_tile(s, v, pos, key_ok, row_pos, window, m, l, acc, MASKED: tl.constexpr, USE_WINDOW: tl.constexpr):
+    """One tile of keys at positions `pos` into the running softmax (m, l, acc): their scores `s
+    [rows, BLOCK_N]`, already scaled for exp2, masked as `attend_paged_keys` says, and their values
+    `v`."""
+    if MASKED:
+        visible = key_ok[None, :] & (pos[None, :] <= row_pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (pos[None, :] > row_pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    alpha = tl.exp2(m - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l = l * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    return m_new, l, acc
