@@ -33,10 +33,7 @@ each lost their answer token, scored again (the checker fails both accuracy targ
 
 import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -45,10 +42,9 @@ import torch
 from compliance.check import check_tree
 from compliance.package import package
 from systems.benchmarks import BENCHMARKS
-from systems.schema import REPO
 from tests.helpers import hf_greedy
 from tests.test_deepseek_v3 import tiny_deepseek
-from tests.tiny_system import reseal, write_system
+from tests.tiny_system import reseal, run_and_package, write_system
 
 SYSTEM = "tiny-deepseek-r1"
 BENCHMARK = BENCHMARKS["deepseek-r1"]
@@ -242,19 +238,6 @@ def reference_run(model, model_dir: Path, dataset: Path) -> dict:
     return {"prompts": prompts, "outputs": outputs, **{k: result[k] for k in ("exact_match", "tokens_per_sample")}}
 
 
-def harness_run(root: Path, scenario: str, mode: str) -> subprocess.CompletedProcess:
-    """`python -m harness run` in a process of its own, on one torch thread (the tiny model's steps
-    are too small to share; tests/test_gpt_oss_chain.py says what two threads cost)."""
-    command = ["-m", "harness", "run", "--system", SYSTEM, "--benchmark", "deepseek-r1", "--scenario", scenario]
-    return subprocess.run(
-        [sys.executable, *command, "--mode", mode, "--root", str(root)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-
-
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """(root, tree, the converter's summary, the reference run, each run's verdict line, the
@@ -284,15 +267,7 @@ def chain(tmp_path_factory):
         root, model_dir, dataset, reference_file, benchmark="deepseek-r1", name=SYSTEM, model_name=SYSTEM,
         num_kv_blocks=512, scenarios=SCENARIOS, user_conf=USER_CONF,
     )  # fmt: skip
-    verdicts = {}
-    for scenario in SCENARIOS:
-        for mode in MODES:
-            done = harness_run(root, scenario, mode)  # one process per run, as LoadGen requires
-            assert done.returncode == 0, done.stderr[-3000:]
-            verdicts[scenario, mode] = done.stdout.strip().splitlines()[-1]
-    tree = root / "submission"
-    _, failures = package(SYSTEM, tree, root=root)
-    assert failures == []
+    tree, verdicts = run_and_package(root, SYSTEM, "deepseek-r1", SCENARIOS, MODES)
     return root, tree, summary, reference, verdicts, model
 
 

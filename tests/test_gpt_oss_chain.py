@@ -20,10 +20,7 @@ paths, as the reference's TEST09 runs on its performance set."""
 
 import hashlib
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -32,9 +29,8 @@ import torch
 from compliance.check import Report, check_scenario, check_tree
 from compliance.package import package
 from systems.benchmarks import BENCHMARKS
-from systems.schema import REPO
 from tests.test_gpt_oss import yarn
-from tests.tiny_system import reseal, write_system
+from tests.tiny_system import reseal, run_and_package, write_system
 
 SYSTEM = "tiny-gpt-oss"
 HARMONY = ["<|endoftext|>", "<|return|>", "<|call|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>"]
@@ -182,20 +178,6 @@ def reference_run(model, model_dir: Path, prompts: list[list[int]], dataset: Pat
     return {"outputs": outputs, "exact_match": result["exact_match"], "tokens_per_sample": result["tokens_per_sample"]}
 
 
-def harness_run(root: Path, scenario: str, mode: str) -> subprocess.CompletedProcess:
-    """`python -m harness run` in a process of its own. One torch thread: the tiny model's steps are
-    too small to share, and two threads on a busy 2-core machine ran its 1350 steps in 129 s against
-    14 s for one."""
-    command = ["-m", "harness", "run", "--system", SYSTEM, "--benchmark", "gpt-oss-120b", "--scenario", scenario]
-    return subprocess.run(
-        [sys.executable, *command, "--mode", mode, "--root", str(root)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-
-
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
     """(root, tree, prompts by set, the reference run, each mode's verdict line, the transformers model)."""
@@ -247,15 +229,7 @@ def chain(tmp_path_factory):
         root, model_dir, sets, reference_file, benchmark="gpt-oss-120b", name=SYSTEM, model_name=SYSTEM,
         scenarios=SCENARIOS, user_conf=USER_CONF,
     )  # fmt: skip
-    verdicts = {}
-    for scenario in SCENARIOS:
-        for mode in MODES:
-            done = harness_run(root, scenario, mode)  # one process per run, as LoadGen requires
-            assert done.returncode == 0, done.stderr[-3000:]
-            verdicts[scenario, mode] = done.stdout.strip().splitlines()[-1]
-    tree = root / "submission"
-    _, failures = package(SYSTEM, tree, root=root)
-    assert failures == []
+    tree, verdicts = run_and_package(root, SYSTEM, "gpt-oss-120b", SCENARIOS, MODES)
     return root, tree, prompts, reference, verdicts, model
 
 
