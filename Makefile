@@ -49,7 +49,7 @@ browser:
 	command -v chromium >/dev/null || $(SUDO) apt-get install -y -q --no-install-recommends chromium \
 	  || ($(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q --no-install-recommends chromium)
 
-test: setup models browser
+test: setup models data browser
 	SAAF_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
 
 # ruff (pinned in requirements.txt): pyproject.toml's lint rules, and the code as its formatter writes it.

