@@ -178,7 +178,7 @@ def _check_reference(reference: Path, dataset: Path, system: str) -> None:
     if expected and dataset.is_file() and hashlib.sha256(dataset.read_bytes()).hexdigest() != expected:
         raise HarnessConfigError(
             f"{dataset} is not the dataset accuracy reference {reference} was recorded on "
-            f"(SHA-256 {expected}); rebuild it (for the demo: `make data`)"
+            f"(SHA-256 {expected}); remove it and build it again (for the demo: `make data`)"
         )
 
 
