@@ -2,9 +2,10 @@
 required and allowed scenarios per system type, system fields, seeds, minimum duration and sample
 counts, accuracy-run coverage, LoadGen errors, accuracy patterns and targets, TTFT/TPOT limits,
 TEST06, TEST07, TEST09), plus our own: equal-issue mode, src/<benchmark>/README.md, the latency and
-validity audit (compliance/audit.py), and the compliance runs checked again from their logs (TEST06's
-responses, TEST07's samples, TEST09's mean length, the audit settings each run was made under).
-Every failure names the file and the rule.
+validity audit (compliance/audit.py), every detail log's run that of its folder (its test mode,
+scenario and benchmark: compliance/run_identity.py), and the compliance runs checked again from their
+logs (TEST06's responses, TEST07's samples, TEST09's mean length, the audit settings each run was
+made under). Every failure names the file and the rule.
 
     python -m compliance.check TREE [--demo]
 
@@ -29,6 +30,7 @@ from compliance.audit import audit_values
 from compliance.audit_config import run_setting_differences
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import CUT_MARK, VIEWABLE_BYTES
+from compliance.run_identity import identity_mismatches
 from systems.benchmarks import BENCHMARKS, Benchmark
 
 SEEDS_V61 = {
@@ -195,7 +197,7 @@ def check_system(path: Path, division: str, submitter: str, report: Report) -> d
 def check_performance(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
     log = scenario_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
     values, errors = read_detail_log(log)
-    _check_common_log(log, values, rules, scenario, report)
+    _check_common_log(log, values, rules, scenario, "performance", report)
     if values.get("effective_min_duration_ms", 0) < MIN_DURATION_MS:
         report.fail(
             log,
@@ -231,18 +233,18 @@ def check_performance(scenario_dir: Path, rules: Benchmark, scenario: str, repor
         report.fail(log, "latency-validity-audit", failure)
 
 
-def _check_seeds_and_scenario(log: Path, values: dict, scenario: str, report: Report) -> None:
-    """A run's detail log: LoadGen's v6.1 seeds, and the scenario of the folder it is in."""
+def _check_run_log(log: Path, values: dict, rules: Benchmark, scenario: str, run: str, report: Report) -> None:
+    """Any run's detail log: LoadGen's v6.1 seeds, and the run of its folder (`run`: performance,
+    accuracy, TEST0x) in `scenario` of the benchmark, as far as the log shows (run_identity.py)."""
     for key, seed in SEEDS_V61.items():
         if values.get(key) != seed:
             report.fail(log, "seeds", f"{key} is {values.get(key)}, not the v6.1 seed {seed}")
-    expected = "Server" if scenario == "Interactive" else scenario
-    if values.get("effective_scenario") != expected:
-        report.fail(log, "scenario", f"effective_scenario {values.get('effective_scenario')!r} is not {expected!r}")
+    for mismatch in identity_mismatches(values, run, scenario, rules):
+        report.fail(log, "run-identity", f"{mismatch}: the log is not of this folder's {run} run")
 
 
-def _check_common_log(log: Path, values: dict, rules: Benchmark, scenario: str, report: Report) -> None:
-    _check_seeds_and_scenario(log, values, scenario, report)
+def _check_common_log(log: Path, values: dict, rules: Benchmark, scenario: str, run: str, report: Report) -> None:
+    _check_run_log(log, values, rules, scenario, run, report)
     if values.get("effective_performance_sample_count", 0) < rules.dataset_size:
         report.fail(
             log,
@@ -258,7 +260,7 @@ def check_accuracy(scenario_dir: Path, rules: Benchmark, scenario: str, targets:
     acc_dir = scenario_dir / "accuracy"
     log = acc_dir / "mlperf_log_detail.txt"
     values, errors = read_detail_log(log)
-    _check_common_log(log, values, rules, scenario, report)
+    _check_common_log(log, values, rules, scenario, "accuracy", report)
     for error in errors:
         report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
     # As the official AccuracyCheck.dataset_check: the samples the run covered, which an
@@ -342,6 +344,7 @@ def check_test06(scenario_dir: Path, rules: Benchmark, scenario: str, report: Re
             report.fail(verify_path, "TEST06", f"{key!r} is {lines.get(key)!r}")
     if scenario != "Offline" and lines.get("First token check pass") == "Skipped":
         report.fail(verify_path, "TEST06", f"the first-token check was skipped in {scenario}")
+    # The official TEST06 folder holds no detail log: the packager checked its run's (check_runs).
     # Verify the logged responses again rather than trust the text.
     log = scenario_dir / "TEST06" / "accuracy" / "mlperf_log_accuracy.json"
     try:
@@ -352,14 +355,16 @@ def check_test06(scenario_dir: Path, rules: Benchmark, scenario: str, report: Re
         report.fail(log, "TEST06", failure)
 
 
-def _check_test_run(test_dir: Path, test: str, official: dict, scenario: str, report: Report) -> None:
+def _check_test_run(test_dir: Path, test: str, official: dict, rules: Benchmark, scenario: str, report: Report) -> None:
     """A TEST07/TEST09 run's detail log: made under the official audit settings, with the v6.1 seeds,
-    in the scenario of its folder, without a LoadGen error."""
+    the run of its folder, without a LoadGen error."""
     log = test_dir / "performance" / "run_1" / "mlperf_log_detail.txt"
     values, errors = read_detail_log(log)
-    for failure in run_setting_differences(values, official):
+    # Its mode is its run's identity, checked with every detail log's (_check_run_log).
+    settings = {setting: value for setting, value in official.items() if setting != "mode"}
+    for failure in run_setting_differences(values, settings):
         report.fail(log, test, failure)
-    _check_seeds_and_scenario(log, values, scenario, report)
+    _check_run_log(log, values, rules, scenario, test, report)
     for error in errors:
         report.fail(log, "loadgen-errors", f"LoadGen logged an error: {error}")
 
@@ -426,7 +431,7 @@ def check_test07(scenario_dir: Path, rules: Benchmark, scenario: str, report: Re
             )
         for problem in responses.problems:
             report.fail(test_dir / "accuracy" / "mlperf_log_accuracy.json", "TEST07", problem)
-    _check_test_run(test_dir, "TEST07", test07.OFFICIAL_SETTINGS, scenario, report)
+    _check_test_run(test_dir, "TEST07", test07.OFFICIAL_SETTINGS, rules, scenario, report)
 
 
 def check_test09(scenario_dir: Path, rules: Benchmark, scenario: str, report: Report) -> None:
@@ -440,7 +445,7 @@ def check_test09(scenario_dir: Path, rules: Benchmark, scenario: str, report: Re
         report.fail(verify_path, "TEST09", "does not say 'TEST PASS'")
     responses = _logged_responses(test_dir, "TEST09", report)
     if responses is None:
-        _check_test_run(test_dir, "TEST09", test09.OFFICIAL_SETTINGS, scenario, report)
+        _check_test_run(test_dir, "TEST09", test09.OFFICIAL_SETTINGS, rules, scenario, report)
         return
     log = test_dir / "accuracy" / "mlperf_log_accuracy.json"
     if not responses.lengths:
@@ -473,7 +478,7 @@ def check_test09(scenario_dir: Path, rules: Benchmark, scenario: str, report: Re
         )
     for problem in responses.problems:
         report.fail(log, "TEST09", problem)
-    _check_test_run(test_dir, "TEST09", test09.OFFICIAL_SETTINGS, scenario, report)
+    _check_test_run(test_dir, "TEST09", test09.OFFICIAL_SETTINGS, rules, scenario, report)
 
 
 def check_scenario(scenario_dir: Path, rules: Benchmark, targets: dict, report: Report) -> None:

@@ -17,9 +17,11 @@ MLPerf v6.1 submission tree (mlperf-rules.md section 5):
         accuracy/ and the run's summary and detail logs in performance/run_1/)
 
 Only complete runs are packaged (compliance/run_folder.py: a killed, failed or interrupted run's
-folder, or one whose files changed since, is refused by name), and accuracy.txt only with the
-accuracy log it was computed from (its hash= line). Every run folder is checked before anything is
-written, so a refusal leaves the tree as it was; every path written or deleted lies inside `--out`.
+folder, or one whose files changed since, is refused by name), each the run of its folder (its
+detail log's mode, scenario and benchmark, compliance/run_identity.py, and the benchmark its run
+record names), and accuracy.txt only with the accuracy log it was computed from (its hash= line).
+Every run folder is checked before anything is written, so a refusal leaves the tree as it was;
+every path written or deleted lies inside `--out`.
 
     python -m compliance.package --system cpu-demo --out build/submission
 """
@@ -33,8 +35,9 @@ from pathlib import Path
 
 from accuracy.evaluate import accuracy_log_hash
 from compliance import test06, test07, test09
-from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE
+from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log
 from compliance.run_folder import RunFolderError, check_inside, complete_run, sha256_of
+from compliance.run_identity import identity_mismatches
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, SystemConfigError
 
@@ -90,27 +93,62 @@ def truncate_accuracy_log(src: Path, dst: Path) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def check_runs(benchmark: str, settings: Path, logs: Path) -> None:
-    """Before anything is written: the scenario's measurements files are there, its runs are complete
-    and unchanged, and its accuracy.txt was computed from the accuracy log beside it. PackagingError
-    naming the file or folder."""
+def packaged_runs(benchmark: str) -> dict[str, tuple[str, ...]]:
+    """The run folders a scenario's results are packaged from (each `--mode`), and the files each needs."""
+    rules = BENCHMARKS[benchmark]
+    runs = {
+        "performance": ("mlperf_log_summary.txt", "mlperf_log_detail.txt"),
+        "accuracy": ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "accuracy.txt", "mlperf_log_accuracy.json"),
+    }
+    if rules.test06:  # its detail log says which run it was; the tree keeps only its responses
+        runs["TEST06"] = ("mlperf_log_detail.txt", "mlperf_log_accuracy.json")
+    if "TEST07" in rules.compliance_tests:  # its run record names its dataset and model
+        runs["TEST07"] = (*RUN_LOGS, RUN_RECORD)
+    if "TEST09" in rules.compliance_tests:
+        runs["TEST09"] = RUN_LOGS
+    return runs
+
+
+def recorded_benchmark(folder: Path) -> str | None:
+    """The benchmark the harness's run record in `folder` names (None: no record, or none named)."""
+    try:
+        record = json.loads((folder / RUN_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return record.get("benchmark") if isinstance(record, dict) else None
+
+
+def check_run_identity(folder: Path, run: str, benchmark: str, scenario: str) -> None:
+    """PackagingError naming `folder` and what its run was, unless its detail log shows the `run`
+    (performance, accuracy, TEST0x) of `benchmark` in `scenario` and its run record, where there is
+    one, names that benchmark: a run made for another folder must not be packaged as this one's."""
+    values, _ = read_detail_log(folder / "mlperf_log_detail.txt")
+    mismatches = identity_mismatches(values, run, scenario, BENCHMARKS[benchmark])
+    recorded = recorded_benchmark(folder)
+    if recorded not in (None, benchmark):
+        mismatches.append(f"its {RUN_RECORD} names the benchmark {recorded!r}")
+    if mismatches:
+        raise PackagingError(
+            f"{folder} holds no {scenario} {run} run of {benchmark}: {'; '.join(mismatches)}; run it again "
+            f"(`python -m harness run` with --scenario {scenario} --mode {run})"
+        )
+
+
+def check_runs(benchmark: str, scenario: str, settings: Path, logs: Path) -> None:
+    """Before anything is written: the scenario's measurements files are there, its runs are complete,
+    unchanged and each the run of its folder, and its accuracy.txt was computed from the accuracy log
+    beside it. PackagingError naming the file or folder."""
     for name in ("measurements.json", "README.md", "user.conf"):
         if not (settings / name).is_file():
             raise PackagingError(f"{settings / name} is missing: the system's measurements folder needs it")
+    runs = packaged_runs(benchmark)
     try:
-        complete_run(logs / "performance", needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt"))
-        complete_run(
-            logs / "accuracy",
-            needs=("mlperf_log_summary.txt", "mlperf_log_detail.txt", "accuracy.txt", "mlperf_log_accuracy.json"),
-        )
-        if BENCHMARKS[benchmark].test06:
-            complete_run(logs / "TEST06", needs=("mlperf_log_accuracy.json",))
-        if "TEST07" in BENCHMARKS[benchmark].compliance_tests:  # its run record names its dataset and model
-            complete_run(logs / "TEST07", needs=(*RUN_LOGS, RUN_RECORD))
-        if "TEST09" in BENCHMARKS[benchmark].compliance_tests:
-            complete_run(logs / "TEST09", needs=RUN_LOGS)
+        for run, needs in runs.items():
+            complete_run(logs / run, needs=needs)
     except RunFolderError as e:
         raise PackagingError(str(e)) from None
+    for run in runs:
+        check_run_identity(logs / run, run, benchmark, scenario)
     scored = accuracy_log_hash((logs / "accuracy" / "accuracy.txt").read_text())
     if scored != sha256_of(logs / "accuracy" / "mlperf_log_accuracy.json"):
         raise PackagingError(
@@ -252,7 +290,7 @@ def package(
             logs = root / "build" / "logs" / system.name / benchmark / scenario
             calibration = load_calibration(logs)
             if calibration is None or calibration["target_qps"] is not None:  # None: this machine meets no load
-                check_runs(benchmark, root / "measurements" / system.name / benchmark / scenario, logs)
+                check_runs(benchmark, scenario, root / "measurements" / system.name / benchmark / scenario, logs)
             packaged.append((benchmark, name, scenario, logs, calibration))
     speculation = speculation_notes(system, list(names), root)
     if speculation:

@@ -1,12 +1,15 @@
 """What several test files share (imported after conftest.py has set TRITON_INTERPRET): the C
 kernels' levels this CPU runs, the tiny Llama's config, SmolLM2's folder, random prompts,
-transformers' greedy output, and the tiny model with a dataset of its own outputs."""
+transformers' greedy output, the tiny model with a dataset of its own outputs, and a LoadGen detail
+log with values changed."""
 
+import json
 import os
 from pathlib import Path
 
 import torch
 
+from compliance.loadgen_logs import MLLOG_MARKER
 from sut.cpu.build import runnable_levels
 from systems.schema import saaf_cache
 
@@ -88,3 +91,16 @@ def tiny_model_and_dataset(tiny_folder, root, num_samples, seed):
     dataset = root / "data.json"
     dataset.write_text(json.dumps([{"tok_input": p, "output": r} for p, r in zip(prompts, references)]))
     return model_dir, prompts, references, dataset
+
+
+def set_detail_values(path: Path, values: dict) -> None:
+    """The LoadGen detail log at `path` with every entry of each key of `values` set to its value,
+    as a run of another mode, scenario or benchmark logs it."""
+    lines = []
+    for line in Path(path).read_text().splitlines():
+        if line.startswith(MLLOG_MARKER):
+            entry = json.loads(line[len(MLLOG_MARKER) :])
+            if entry["key"] in values:
+                line = MLLOG_MARKER + " " + json.dumps({**entry, "value": values[entry["key"]]})
+        lines.append(line)
+    Path(path).write_text("\n".join(lines) + "\n")

@@ -10,6 +10,7 @@ run_verification.py scripts on the same logs and compare their files with ours."
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -25,9 +26,11 @@ from compliance.audit_config import (
     read_audit_config,
     run_setting_differences,
 )
-from compliance.loadgen_logs import read_detail_log
+from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.run_folder import RunFolder
 from systems.benchmarks import BENCHMARKS, ENTRIES
+from tests.helpers import set_detail_values
+from tests.tiny_system import reseal
 
 # The official files' settings (v61-models.md section 3c; mlcommons/inference
 # compliance/TEST07/gpt-oss-120b/audit.config and compliance/TEST09/gpt-oss-120b/audit.config).
@@ -424,6 +427,13 @@ def test_test09_cli(runs, tmp_path):
 # ---------------------------------------------------------------- packager, chain and checker
 
 
+def stand_in_detail_log(mode: str) -> str:
+    """A stand-in Offline run's detail log: only the entries that say which run it is."""
+    test_mode = {"performance": "PerformanceOnly", "accuracy": "AccuracyOnly"}[mode]
+    entries = {"effective_scenario": "Offline", "effective_test_mode": test_mode}
+    return "".join(f"{MLLOG_MARKER} {json.dumps({'key': k, 'value': v, 'metadata': {}})}\n" for k, v in entries.items())
+
+
 def logs_folder(tmp_path: Path, runs: dict, test07_run: Path | None = None) -> tuple[Path, Path]:
     """(a scenario's measurements folder, its build/logs folder) with stand-in performance and
     accuracy runs and the real TEST07 and TEST09 runs."""
@@ -433,11 +443,26 @@ def logs_folder(tmp_path: Path, runs: dict, test07_run: Path | None = None) -> t
         (settings / name).write_text(text)
     logs = tmp_path / "logs"
     for mode in ("performance", "accuracy"):
-        for name in ("mlperf_log_summary.txt", "mlperf_log_detail.txt", "mlperf_log_accuracy.json", "accuracy.txt"):
-            (logs / mode).mkdir(parents=True, exist_ok=True)
+        (logs / mode).mkdir(parents=True, exist_ok=True)
+        for name in ("mlperf_log_summary.txt", "mlperf_log_accuracy.json", "accuracy.txt"):
             (logs / mode / name).write_text("[]" if name.endswith(".json") else f"{mode} {name}\n")
+        (logs / mode / "mlperf_log_detail.txt").write_text(stand_in_detail_log(mode))
     shutil.copytree(test07_run or runs["TEST07"], logs / "TEST07")
     shutil.copytree(runs["TEST09"], logs / "TEST09")
+    return settings, logs
+
+
+def sealed_logs_folder(tmp_path: Path, runs: dict) -> tuple[Path, Path]:
+    """logs_folder's, its stand-in runs sealed as complete, each accuracy.txt of the log beside it."""
+    settings, logs = logs_folder(tmp_path, runs)
+    for mode in ("performance", "accuracy"):
+        files = {p.name: p.read_bytes() for p in (logs / mode).iterdir()}
+        files["accuracy.txt"] = f"hash={hashlib.sha256(files['mlperf_log_accuracy.json']).hexdigest()}\n".encode()
+        run = RunFolder(logs / mode)
+        run.open({})
+        for name, data in files.items():
+            (logs / mode / name).write_bytes(data)
+        run.complete("done")
     return settings, logs
 
 
@@ -487,22 +512,49 @@ def test_packaged_folders_pass_our_checker(gpt_oss, runs, stand_in, tmp_path):
 
 
 def test_the_packager_needs_complete_test07_and_test09_runs(gpt_oss, runs, tmp_path):
-    settings, logs = logs_folder(tmp_path, runs)
-    for mode in ("performance", "accuracy"):  # sealed stand-in runs, accuracy.txt of the log beside it
-        files = {p.name: p.read_bytes() for p in (logs / mode).iterdir()}
-        files["accuracy.txt"] = f"hash={hashlib.sha256(files['mlperf_log_accuracy.json']).hexdigest()}\n".encode()
-        run = RunFolder(logs / mode)
-        run.open({})
-        for name, data in files.items():
-            (logs / mode / name).write_bytes(data)
-        run.complete("done")
-    package.check_runs("gpt-oss-120b", settings, logs)
+    settings, logs = sealed_logs_folder(tmp_path, runs)
+    package.check_runs("gpt-oss-120b", "Offline", settings, logs)
     (logs / "TEST09" / "mlperf_log_accuracy.json").write_text("[]")
     with pytest.raises(package.PackagingError, match=r"TEST09/mlperf_log_accuracy.json: changed since its run"):
-        package.check_runs("gpt-oss-120b", settings, logs)
+        package.check_runs("gpt-oss-120b", "Offline", settings, logs)
     shutil.rmtree(logs / "TEST09")
     with pytest.raises(package.PackagingError, match=r"TEST09: no such run folder"):
-        package.check_runs("gpt-oss-120b", settings, logs)
+        package.check_runs("gpt-oss-120b", "Offline", settings, logs)
+
+
+# (its values planted in a TEST07 or TEST09 run's detail log, the mismatch named)
+OTHER_RUNS = {
+    "accuracy mode": (
+        {"effective_test_mode": "AccuracyOnly"},
+        "effective_test_mode is 'AccuracyOnly', not 'PerformanceOnly'",
+    ),
+    "Server scenario": ({"effective_scenario": "Server"}, "effective_scenario is 'Server', not 'Offline'"),
+}
+
+
+@pytest.mark.parametrize("test", ["TEST07", "TEST09"])
+@pytest.mark.parametrize("other", sorted(OTHER_RUNS))
+def test_the_packager_refuses_a_test_run_of_another_mode_or_scenario(gpt_oss, runs, tmp_path, test, other):
+    """TEST07 and TEST09 runs are performance runs (their audit.config's mode = 2) of their folder's scenario."""
+    settings, logs = sealed_logs_folder(tmp_path, runs)
+    values, mismatch = OTHER_RUNS[other]
+    set_detail_values(logs / test / "mlperf_log_detail.txt", values)
+    reseal(logs / test)
+    refusal = rf"^{re.escape(str(logs / test))} holds no Offline {test} run of gpt-oss-120b: {mismatch}; run it again"
+    with pytest.raises(package.PackagingError, match=refusal):
+        package.check_runs("gpt-oss-120b", "Offline", settings, logs)
+
+
+@pytest.mark.parametrize("test", ["TEST07", "TEST09"])
+@pytest.mark.parametrize("other", sorted(OTHER_RUNS))
+def test_checker_names_a_test_run_of_another_mode_or_scenario_once(gpt_oss, runs, stand_in, tmp_path, test, other):
+    scenario_dir = packaged(tmp_path, runs, stand_in)
+    detail = scenario_dir / test / "performance" / "run_1" / "mlperf_log_detail.txt"
+    values, mismatch = OTHER_RUNS[other]
+    set_detail_values(detail, values)
+    assert errors_of(scenario_dir, gpt_oss).errors == [
+        f"{detail}: [run-identity] {mismatch}: the log is not of this folder's {test} run"
+    ]
 
 
 @pytest.mark.parametrize("test, name", [("TEST07", "verify_accuracy.txt"), ("TEST09", "verify_output_len.txt")])
