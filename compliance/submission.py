@@ -34,7 +34,7 @@ from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import BASE_MODES, PackagingError, load_calibration, package, run_modes
 from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
-from systems.benchmarks import BENCHMARKS, with_conf_value
+from systems.benchmarks import BENCHMARKS, loadgen_double, with_conf_value
 from systems.schema import REPO, System, SystemConfigError
 
 MODES = BASE_MODES  # a benchmark's own: run_modes(benchmark)
@@ -99,7 +99,7 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
     if detail.get("result_min_duration_met", True):
         return None
     measured = detail["result_samples_per_second"]
-    qps = round(measured * OFFLINE_RATE_MARGIN, 3)
+    qps = loadgen_double(measured * OFFLINE_RATE_MARGIN, 3)  # LoadGen logs it back as calibration.json has it
     text = with_conf_value(committed_conf.read_text(), loadgen_model, "Offline", "target_qps", str(qps))
     calibration = logs / "calibration"
     calibration.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ def latency_rerun(logs: Path, loadgen_model: str, fits=lambda conf: None) -> tup
         return None, None
     calibration = logs / "calibration"
     record = json.loads((calibration / "calibration.json").read_text())
-    qps = round(detail["effective_target_qps"] * LATENCY_RERUN_SHARE, 4)
+    qps = loadgen_double(detail["effective_target_qps"] * LATENCY_RERUN_SHARE, 4)
     text = with_conf_value((calibration / "user.conf").read_text(), loadgen_model, "Server", "target_qps", str(qps))
     ttft = detail.get("result_first_token_99.00_percentile_latency_ns", 0) / 1e6
     tpot = detail.get("result_time_per_output_token_99.00_percentile_ns", 0) / 1e6

@@ -43,7 +43,7 @@ from accuracy.dataset import DatasetError, load_dataset
 from compliance.submission import harness_command, predicted_minutes
 from harness.capacity import CapacityError, LoadGenTrials, search_capacity
 from harness.config import HarnessConfigError, RunConfig
-from systems.benchmarks import conf_value, with_conf_value
+from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
 FLOOR_SHARE = 0.6  # a floor above this share of a limit leaves no room for queueing
@@ -151,7 +151,7 @@ def find_capacity(
     if found.passed_qps is None:
         cal.reason = f"no LoadGen run met the limits: {found.summary()}"
     else:
-        cal.target_qps = RUN_SHARE * found.passed_qps
+        cal.target_qps = loadgen_double(RUN_SHARE * found.passed_qps, 4)  # as the user.conf and LoadGen's log have it
 
 
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
@@ -162,7 +162,8 @@ def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
 
 def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float) -> str:
     """The committed user.conf with the scenario's target_qps replaced, and a comment saying so."""
-    text = with_conf_value(committed.read_text(), loadgen_model, "Server", "target_qps", f"{target_qps:.4f}")
+    rate = f"{loadgen_double(target_qps, 4):.4f}"
+    text = with_conf_value(committed.read_text(), loadgen_model, "Server", "target_qps", rate)
     return f"# target_qps calibrated on this machine by harness.calibrate (calibration.json beside this file)\n{text}"
 
 

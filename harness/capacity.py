@@ -34,7 +34,7 @@ from pathlib import Path
 
 from compliance.loadgen_logs import read_detail_log
 from compliance.submission import performance_seconds
-from systems.benchmarks import conf_value, with_conf_value
+from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 
 TRIAL_MIN_DURATION_MS = 60_000
 TRIAL_MIN_QUERIES = 1000  # at most (a rig's user.conf takes mlperf.conf's, far more)
@@ -186,7 +186,7 @@ def trial_conf(
     the benchmark's (the report's other targets; never a submission's). With `queries` (the
     report's trials), exactly that many, each a different sample (LoadGen's equal issue), and no
     min_duration."""
-    text = with_conf_value(conf_text, loadgen_model, "Server", "target_qps", f"{qps:.4f}")
+    text = with_conf_value(conf_text, loadgen_model, "Server", "target_qps", f"{loadgen_double(qps, 4):.4f}")
     if queries is not None:
         for key, value in (
             ("min_duration", 0),
@@ -263,6 +263,7 @@ class LoadGenTrials:
         run_trial(self.command(conf, logs), what)
 
     def __call__(self, qps: float) -> Trial:
+        qps = loadgen_double(qps, 4)  # the rate LoadGen runs and logs: the trial's, and the search's
         self.folder.mkdir(parents=True, exist_ok=True)
         name = f"{len(list(self.folder.glob('*.conf'))) + 1:02d}-{qps:.3f}qps"
         conf, logs = self.folder / f"{name}.conf", self.folder / name

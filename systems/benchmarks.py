@@ -35,6 +35,15 @@ def with_conf_value(conf_text: str, loadgen_model: str, loadgen_scenario: str, k
     return pattern.sub(line, conf_text) if pattern.search(conf_text) else conf_text.rstrip("\n") + "\n" + line + "\n"
 
 
+def loadgen_double(value: float, decimals: int) -> float:
+    """`value` for a double setting of a user.conf (target_qps) as LoadGen logs it back: LoadGen
+    reads it with strtod and logs it with C++'s default stream precision, six significant digits,
+    so a value with more (1006.151) comes back as another (1006.15). Rounded to six significant
+    digits or `decimals` decimals, whichever is coarser, it is one the conf, our records and
+    LoadGen's log all give alike (`str` of it is what to write)."""
+    return round(float(f"{value:.6g}"), decimals)
+
+
 def conf_value(conf_text: str, loadgen_model: str, loadgen_scenario: str, key: str) -> str | None:
     """The value a user.conf's text sets for `loadgen_model.loadgen_scenario.key`, or None."""
     found = _conf_key(loadgen_model, loadgen_scenario, key).search(conf_text)

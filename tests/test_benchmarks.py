@@ -1,7 +1,7 @@
 """The benchmark registry (systems/benchmarks.py): the v6.1 facts every package reads from it."""
 
 from compliance import test07, test09
-from systems.benchmarks import BENCHMARKS, ENTRIES, SCENARIOS
+from systems.benchmarks import BENCHMARKS, ENTRIES, SCENARIOS, loadgen_double
 
 
 def test_targets_are_the_checkers_bounds():
@@ -112,3 +112,17 @@ def test_the_harness_runs_every_registry_scenario():
     from harness.config import SCENARIOS as LOADGEN_SCENARIOS
 
     assert set(LOADGEN_SCENARIOS) == set(SCENARIOS)
+
+
+def test_a_rate_for_a_user_conf_is_one_loadgen_reads_and_logs_back_unchanged(tmp_path):
+    """LoadGen reads a user.conf's target_qps with strtod and logs it to six significant digits (C++'s
+    default stream precision, printf's %g): a rate with more (1006.151) would come back as another."""
+    import mlperf_loadgen as lg
+
+    assert float(f"{1006.151:g}") != 1006.151
+    for value, decimals in ((1006.151, 3), (1330.7445, 3), (0.73125, 4), (195.3125, 4), (1234567.8, 3)):
+        qps = loadgen_double(value, decimals)
+        (tmp_path / "user.conf").write_text(f"m.Server.target_qps = {qps}\n")
+        settings = lg.TestSettings()
+        assert settings.FromConfig(str(tmp_path / "user.conf"), "m", "Server") == 0
+        assert settings.server_target_qps == qps == float(f"{qps:g}") == round(qps, decimals), value

@@ -7,6 +7,7 @@ import re
 
 import mlperf_loadgen as lg
 import pytest
+import torch
 
 from accuracy.accuracy_log import read_accuracy_entries, read_accuracy_log
 from compliance import test06
@@ -18,6 +19,18 @@ from tests.helpers import random_prompts
 
 NUM_SAMPLES = 24
 PARAMS = SamplingParams(max_tokens=8, min_tokens=1)  # min_tokens as harness/run.py (the reference SUT's)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The engines here step on one torch thread, as tests/tiny_system.py's runs do: a tiny model's
+    steps are too small to share, and with two on a busy 2-core machine the Server run below served
+    47 of LoadGen's 100 queries/s (INVALID, p99 TTFT 5.5 s), where one thread served them all at a
+    p99 TTFT under 10 ms."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +73,10 @@ def test_offline_performance_run_is_valid(tiny_llama, prompts, tmp_path):
         tmp_path,
         lg.TestScenario.Offline,
         lg.TestMode.PerformanceOnly,
-        min_duration_ms=500,
-        min_query_count=NUM_SAMPLES,
-        offline_expected_qps=2000,
+        # 1100 samples in one query; no min_duration, which they would meet only on a machine slower
+        # than 2200 samples/s (one thread of a 2-core EPYC did 1000-1300).
+        min_duration_ms=0,
+        min_query_count=1100,
     )
     summary = (tmp_path / "mlperf_log_summary.txt").read_text()
     assert "Result is : VALID" in summary, summary

@@ -18,9 +18,10 @@ from compliance.loadgen_logs import MLLOG_MARKER
 from compliance.run_folder import STATUS_FILE, RunFolder
 from harness.report import build, cost_per_million, figures_for, verdict
 from harness.run_logs import RunLogError, loadgen_percentile, read_run
-from systems.benchmarks import BENCHMARKS
+from systems.benchmarks import BENCHMARKS, loadgen_double
 from systems.schema import REPO
 from tests.helpers import tiny_model_and_dataset
+from tests.tiny_system import one_thread
 
 # ---- a hand-built run ---------------------------------------------------------------------------
 
@@ -185,6 +186,7 @@ def report_run(tiny_llama, tmp_path_factory):
         capture_output=True,
         text=True,
         cwd=REPO,
+        env=one_thread(),
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return root, out, prompts, done.stdout
@@ -309,15 +311,15 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
             d = detail(runs / trial["logs"])
             assert trial["passed"] == d["result_perf_constraints_met"]
             assert d["result_query_count"] == min(SAMPLES, max(40, round(trial["qps"] * 40)))
-            assert d["effective_target_qps"] == pytest.approx(trial["qps"], rel=1e-3)
+            assert d["effective_target_qps"] == trial["qps"]  # the rate as LoadGen logs it
             if trial["passed"]:
                 passed.append((trial["qps"], runs / trial["logs"]))
         # Goodput well below capacity: one trial at half of it (of the lowest failure where none
         # passed), in the searches table beside the search's own.
         low = search["low_load"]
         assert low is not None, search["low_load_not_run"]
-        assert low["qps"] == pytest.approx(0.5 * (search["capacity_qps"] or search["failed_qps"]))
-        assert detail(runs / low["logs"])["effective_target_qps"] == pytest.approx(low["qps"], rel=1e-3)
+        assert low["qps"] == loadgen_double(0.5 * (search["capacity_qps"] or search["failed_qps"]), 4)
+        assert detail(runs / low["logs"])["effective_target_qps"] == low["qps"]
         assert low["passed"] == detail(runs / low["logs"])["result_perf_constraints_met"]
         assert len(search["trials"]) == 2
         rates = [float(row[1]) for row in trial_rows(searches, config["label"])]
@@ -464,14 +466,18 @@ def test_a_rate_run_twice_is_shown_by_its_run_that_met_the_targets(report_run, t
     _, out, _, _ = report_run
     runs = tmp_path / "runs"
     shutil.copytree(out / "runs", runs)
-    search_file = runs / "01-static" / "capacity.json"
+    # A configuration with a capacity: which have one depends on the machine (two short trials on
+    # a busy one can both fail, static batching's most often).
+    configs = json.loads((out / "report.json").read_text())["configurations"]
+    n = next((i for i, c in enumerate(configs) if c["capacity_qps"] is not None), None)
+    assert n is not None, [c["search_summary"] for c in configs]
+    search_file = runs / configs[n]["folder"] / "capacity.json"
     search = json.loads(search_file.read_text())
     other = next(t for t in search["trials"] if t["qps"] != search["capacity_qps"])
     search["trials"].insert(0, {**other, "qps": search["capacity_qps"], "passed": False})
     search_file.write_text(json.dumps(search))
     report = build([runs], tmp_path / "page", price=PRICE)
-    first = json.loads((out / "report.json").read_text())["configurations"][0]
-    again = report["configurations"][0]
+    first, again = configs[n], report["configurations"][n]
     shown = Path(again["at_capacity"]["folder"]).relative_to(runs)
     assert shown == Path(first["at_capacity"]["folder"]).relative_to(out / "runs") != Path(other["logs"])
     assert again["at_capacity"]["ttft_p99_ms"] == first["at_capacity"]["ttft_p99_ms"]

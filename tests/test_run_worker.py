@@ -30,6 +30,13 @@ def tiny_root(tiny_llama, tmp_path_factory):
     return root
 
 
+@pytest.fixture(autouse=True)
+def one_thread(monkeypatch):
+    """The workers' engines on one thread (they take this environment), as tests/tiny_system.py's runs
+    are: with two on a busy 2-core machine the tiny model serves under the Server run's 100 QPS."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 def start(root, engine=None, tmp=None):
     return RunWorker(
         worker_command("tiny", "llama3.1-8b", root, engine or {}, ("--log-responses",)), tmp / "worker.log"

@@ -4,6 +4,7 @@ queries, enough for early stopping), the packaged tree, and our checker: the goo
 each planted defect is caught with a message naming it."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -16,6 +17,7 @@ import pytest
 from compliance.check import check_tree
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.package import PackagingError, package
+from systems.benchmarks import loadgen_double
 from systems.schema import REPO
 from tests.helpers import process_alive
 from tests.tiny_system import NUM_SAMPLES, USER_CONF, harness_run, reseal, start_run
@@ -470,13 +472,22 @@ def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(ch
 def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rate(chain, tmp_path):
     """LoadGen issues target_qps x min_duration x 1.1 samples in Offline: at a target_qps below what
     the machine does, they are done before min_duration and the run is INVALID. The chain's
-    offline_rate sets target_qps from the rate measured; LoadGen's rerun at it issues that many
-    samples, and within the chain's reruns one is VALID."""
+    offline_rate sets target_qps from the rate measured, as LoadGen logs it back; LoadGen's rerun at
+    it issues that many samples, and within the chain's reruns one is VALID."""
     from compliance.submission import OFFLINE_RATE_MARGIN, OFFLINE_RERUNS, offline_rate
 
     root = chain[0]
+    # The short run's target_qps asks for fewer samples than min_query_count, so it issues the 24 of
+    # the chain's Offline run; its min_duration is 5x what they took there (at least 2 s), so they
+    # end before it on a machine of any speed.
+    chain_run, _ = read_detail_log(root / "build/logs/tiny/llama3.1-8b/Offline/performance/mlperf_log_detail.txt")
+    min_duration_ms = max(2000, math.ceil(5 * chain_run["result_max_latency_ns"] / 1e6))
     conf = tmp_path / "user.conf"
-    conf.write_text(USER_CONF.replace("Offline.min_duration = 0", "Offline.min_duration = 2000"))
+    conf.write_text(
+        USER_CONF.replace("Offline.min_duration = 0", f"Offline.min_duration = {min_duration_ms}").replace(
+            "Offline.target_qps = 10", "Offline.target_qps = 0.01"
+        )
+    )
     logs = tmp_path / "Offline"
 
     def run(user_conf):
@@ -487,20 +498,24 @@ def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rat
         return read_detail_log(logs / "performance" / "mlperf_log_detail.txt")[0]
 
     short = run(conf)
+    assert short["effective_samples_per_query"] == NUM_SAMPLES
     assert short["result_min_duration_met"] is False and short["result_validity"] == "INVALID"
     runs = [short]
     for attempt in range(1, OFFLINE_RERUNS + 1):
         rerun = offline_rate(conf, "llama3_1-8b", logs)
         if rerun is None:
             break
-        calibration = json.loads((logs / "calibration" / "calibration.json").read_text())
-        assert calibration["target_qps"] == round(runs[-1]["result_samples_per_second"] * OFFLINE_RATE_MARGIN, 3)
+        qps = json.loads((logs / "calibration" / "calibration.json").read_text())["target_qps"]
+        assert qps == loadgen_double(runs[-1]["result_samples_per_second"] * OFFLINE_RATE_MARGIN, 3)
         assert rerun == ["--user-conf", str(logs / "calibration" / "user.conf")]
-        assert f"llama3_1-8b.Offline.target_qps = {calibration['target_qps']}\n" in Path(rerun[1]).read_text()
+        assert f"llama3_1-8b.Offline.target_qps = {qps}\n" in Path(rerun[1]).read_text()
         assert (logs / "calibration" / f"short-run-{attempt}" / "mlperf_log_summary.txt").is_file()
         runs.append(run(rerun[1]))
-        assert runs[-1]["effective_target_qps"] == calibration["target_qps"]
-        assert runs[-1]["effective_samples_per_query"] == int(calibration["target_qps"] * 2 * 1.1)
+        # LoadGen logs the rate as written, and issues 1.1 x min_duration of samples at it (its own
+        # arithmetic: a double, truncated), at least min_query_count.
+        assert runs[-1]["effective_target_qps"] == qps
+        samples = int(1.1 * (min_duration_ms / 1000) * qps)
+        assert runs[-1]["effective_samples_per_query"] == max(NUM_SAMPLES, samples)
     assert runs[-1]["result_min_duration_met"] is True and runs[-1]["result_validity"] == "VALID", runs[-1]
 
 
@@ -534,7 +549,7 @@ def test_an_invalid_latency_run_runs_again_at_a_lower_rate_where_it_fits(tmp_pat
     detail("INVALID")
     rerun, said = latency_rerun(logs, "llama3_1-8b", lambda text: fits)
     record = json.loads((logs / "calibration" / "calibration.json").read_text())
-    qps = round(4.779 * LATENCY_RERUN_SHARE, 4)
+    qps = loadgen_double(4.779 * LATENCY_RERUN_SHARE, 4)
     assert said.startswith("the performance run at 4.779 QPS was INVALID (p99 TTFT 2405 ms, TPOT 92.5 ms)")
     assert record["summary"] == f"{summary}; {said}"
     if fits is None:

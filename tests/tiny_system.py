@@ -90,17 +90,27 @@ def harness_command(root, scenario, mode, *args) -> list[str]:
     return [sys.executable, *map(str, command), *map(str, args)]
 
 
+def one_thread() -> dict:
+    """The environment of a tiny model's run: one torch (and OpenMP) thread. Its steps are too small
+    to share, and two threads on a busy 2-core machine are many times slower than one (gpt-oss's
+    tiny chain's 1350 steps: 129 s against 14 s; the tiny Llama's Offline run: 3 samples/s against
+    160): there its Server run at the committed 100 QPS was INVALID (p99 TTFT 16 s), where one
+    thread's is VALID at a tenth of the TPOT limit."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
 def harness_run(root, scenario, mode, *args):
-    """That command run to its end."""
-    return subprocess.run(harness_command(root, scenario, mode, *args), capture_output=True, text=True, cwd=REPO)
+    """That command run to its end, on one thread."""
+    return subprocess.run(
+        harness_command(root, scenario, mode, *args), capture_output=True, text=True, cwd=REPO, env=one_thread()
+    )
 
 
 def run_and_package(root, system: str, benchmark: str, scenarios, modes) -> tuple[Path, dict]:
     """Every (scenario, mode) run of `benchmark` on `system` under `root`, each `python -m harness
-    run` in a process of its own (as LoadGen requires) on one torch thread: a tiny model's steps are
-    too small to share, and two threads on a busy 2-core machine ran gpt-oss's tiny chain's 1350 steps
-    in 129 s against 14 s for one. Then the tree packaged (failing on any packaging failure);
-    returns (the tree, each run's verdict line by (scenario, mode))."""
+    run` in a process of its own (as LoadGen requires) on one thread (`one_thread`). Then the tree
+    packaged (failing on any packaging failure); returns (the tree, each run's verdict line by
+    (scenario, mode))."""
     verdicts = {}
     for scenario in scenarios:
         for mode in modes:
@@ -110,7 +120,7 @@ def run_and_package(root, system: str, benchmark: str, scenarios, modes) -> tupl
                 capture_output=True,
                 text=True,
                 cwd=REPO,
-                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                env=one_thread(),
             )
             assert done.returncode == 0, done.stderr[-3000:]
             verdicts[scenario, mode] = done.stdout.strip().splitlines()[-1]
@@ -121,13 +131,15 @@ def run_and_package(root, system: str, benchmark: str, scenarios, modes) -> tupl
 
 
 def start_run(root, scenario, mode, *args):
-    """That command in the background, in its own process group (as a terminal runs a command)."""
+    """That command in the background, on one thread, in its own process group (as a terminal runs a
+    command)."""
     return subprocess.Popen(
         harness_command(root, scenario, mode, *args),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
+        env=one_thread(),
         start_new_session=True,
     )
 
