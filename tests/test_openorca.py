@@ -138,6 +138,9 @@ def test_llama2_benchmark_uses_loadgens_llama2_settings(tmp_path):
     user_conf = tmp_path / "user.conf"
     user_conf.write_text("llama2-70b.Offline.target_qps = 1\n")
     settings = lg.TestSettings()
+    # mlperf.conf named, as harness/run.py does: LoadGen loads it by itself on a process's first
+    # FromConfig only, and another test in this process may have made that call.
+    assert settings.FromConfig("", benchmark.loadgen_name("Offline"), "Offline", 0) == 0
     assert settings.FromConfig(str(user_conf), benchmark.loadgen_name("Offline"), "Offline") == 0
     assert settings.min_query_count == 24576 and settings.performance_sample_count_override == 24576
 
