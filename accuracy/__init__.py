@@ -1,4 +1,5 @@
 """Offline re-implementations of the MLPerf LLM accuracy scripts: decoding the accuracy log,
 ROUGE with the reference's sentence splitting, generation-length statistics, the accuracy.txt
-the checker reads, the check against the benchmark's targets, and the reader of the benchmark
-datasets (their prompts feed the harness, their references the scores). Knows nothing of the engine."""
+the checker reads, the check against the benchmark's targets, and the benchmark datasets
+(`datasets/`: the reader, whose prompts feed the harness and whose references the scores, and the
+converters that write the sets it reads). Knows nothing of the engine."""

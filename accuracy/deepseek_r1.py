@@ -308,7 +308,7 @@ def format_report(result: dict) -> str:
 
 def load_records(path: str | Path) -> list[dict]:
     """qsl_idx -> {"dataset", "ground_truth"}, from the reference's pickled DataFrame
-    (mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl) or the parquet that harness.deepseek_r1 writes
+    (mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl) or the parquet that accuracy.datasets.deepseek_r1 writes
     from it. The reference also takes the ground truth from a `gt_output` column."""
     path = Path(path)
     if not path.is_file():
@@ -386,7 +386,8 @@ def main(argv: list[str] | None = None) -> None:
         "--dataset",
         "--dataset-file",
         required=True,
-        help="mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl, or the parquet python -m harness.deepseek_r1 wrote",
+        help="mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl, "
+        "or the parquet python -m accuracy.datasets.deepseek_r1 wrote",
     )
     parser.add_argument("--tokenizer", required=True, help="the model folder (its tokenizer files)")
     parser.add_argument("--output-file", help="write the printed result here (accuracy.txt), with the log's hash= line")

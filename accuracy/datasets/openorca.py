@@ -1,7 +1,7 @@
 """The llama2-70b-99.9 dataset: MLPerf's OpenOrca pickle, converted once into the cnn_eval.json form
-that `accuracy.dataset.load_dataset` reads, so that no pickle is loaded at run time.
+that `accuracy.datasets.reader.load_dataset` reads, so that no pickle is loaded at run time.
 
-    python -m harness.openorca convert --pickle open_orca_gpt4_tokenized_llama.sampled_24576.pkl \\
+    python -m accuracy.datasets.openorca convert --pickle open_orca_gpt4_tokenized_llama.sampled_24576.pkl \\
         --out open_orca_24576.json [--trust-pickle]
 
 The official file is a pandas DataFrame written by the reference's processorca.py
@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.datasets.reader import DatasetError, load_dataset
 
 # SHA-256 digests of the official file as MLCommons publishes them. None is published: as of
 # mlcommons/inference b66003e (2026-08-20), language/llama2-70b/README.md gives only download
@@ -127,7 +127,8 @@ def convert(pickle_path: str | Path, out_path: str | Path, trust_pickle: bool = 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.openorca", description="Convert the llama2-70b OpenOrca pickle into cnn_eval.json form."
+        prog="python -m accuracy.datasets.openorca",
+        description="Convert the llama2-70b OpenOrca pickle into cnn_eval.json form.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
     convert_parser = sub.add_parser("convert", help="pickle -> JSON, once")

@@ -1,8 +1,8 @@
 """The deepseek-r1 dataset: MLPerf's pickle, its prompts tokenized once with the model folder's
-tokenizer and written as a parquet table that `accuracy.dataset.load_dataset` reads, so that no
+tokenizer and written as a parquet table that `accuracy.datasets.reader.load_dataset` reads, so that no
 pickle is loaded at run time.
 
-    python -m harness.deepseek_r1 convert --pickle mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl \\
+    python -m accuracy.datasets.deepseek_r1 convert --pickle mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl \\
         --model MODEL_DIR --out deepseek_r1_4388.parquet [--trust-pickle]
 
 The official file (INF:language/deepseek-r1/README.md, "Dataset Download"; the 500-sample calibration
@@ -17,7 +17,7 @@ their sum; systems/benchmarks.py), so a templated prompt longer than that is ref
 
 The table written holds `tok_input` (the prompt's ids), `text_input`, `dataset`, `ground_truth` (as
 text: the accuracy script reads it, accuracy/deepseek_r1.py) and `question`. As for llama2-70b's
-pickle (harness/openorca.py), the file is unpickled only when its SHA-256 is in OFFICIAL_SHA256, or
+pickle (openorca.py beside it), the file is unpickled only when its SHA-256 is in OFFICIAL_SHA256, or
 with --trust-pickle."""
 
 import argparse
@@ -25,8 +25,8 @@ import math
 import sys
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
-from harness.openorca import read_trusted_bytes, unpickle_frame
+from accuracy.datasets.openorca import read_trusted_bytes, unpickle_frame
+from accuracy.datasets.reader import DatasetError, load_dataset
 from systems.benchmarks import BENCHMARKS
 
 # SHA-256 digests of the official file as MLCommons publishes them: none is published in
@@ -128,7 +128,7 @@ def convert(
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.deepseek_r1",
+        prog="python -m accuracy.datasets.deepseek_r1",
         description="Tokenize the deepseek-r1 dataset pickle into a parquet table the harness reads.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
