@@ -19,6 +19,7 @@ import pytest
 
 from accuracy import deepseek_r1
 from accuracy.accuracy_log import AccuracyLogError
+from accuracy.code_sandbox import CodeTests, SandboxLimits
 from accuracy.datasets import deepseek_r1 as reader
 from accuracy.datasets.reader import DatasetError, load_dataset
 from accuracy.deepseek_r1 import (
@@ -32,7 +33,6 @@ from accuracy.deepseek_r1 import (
     parse_code,
     score_samples,
 )
-from accuracy.gpt_oss import CodeTests, SandboxLimits
 from accuracy.math_grade import SympyJudge, grade_answer, normalize, normalize_mathd
 from compliance.check import ACCURACY_PATTERNS
 from harness.config import HarnessConfigError
