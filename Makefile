@@ -40,8 +40,8 @@ $(SAAF_CACHE)/models/smollm2-135m-draft-L%/config.json: $(MODEL_DIR)/.converted 
 
 data: $(DEMO_DATA)
 
-$(DEMO_DATA): harness/demo_data.py | models
-	$(PY) -m harness.demo_data --tokenizer $(MODEL_DIR) --out $@
+$(DEMO_DATA): accuracy/datasets/xsum_demo.py | models
+	$(PY) -m accuracy.datasets.xsum_demo --tokenizer $(MODEL_DIR) --out $@
 
 # Headless Chromium (Debian's package), for the test that renders the report's page.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)

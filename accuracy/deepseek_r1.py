@@ -1,7 +1,7 @@
 """DeepSeek-R1's accuracy script, re-implemented offline: what the MLPerf reference
 `language/deepseek-r1/eval_accuracy.py` computes from an accuracy log, with MATH answers graded by
-accuracy/math_grade.py (PRM800K's grader) and LiveCodeBench's tests run in accuracy/gpt_oss.py's
-sandbox, instead of through the reference's two git submodules.
+accuracy/math_grade.py (PRM800K's grader) and LiveCodeBench's tests run in the sandbox of
+accuracy/code_sandbox.py, instead of through the reference's two git submodules.
 
 1. The log's entries are taken once per qsl_idx (the first one; later ones are dropped, as the
    reference drops them), their data decoded as little-endian int32 token ids and detokenized with the
@@ -33,8 +33,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from accuracy.gpt_oss import CodeTests, SandboxLimits, logged_responses, plain_cell, read_frame, run_code_jobs
+from accuracy.code_sandbox import CodeTests, SandboxLimits, run_code_jobs
 from accuracy.math_grade import SympyJudge, grade_answer
+from accuracy.scorer_inputs import logged_responses, plain_cell, read_frame
 
 # The reference's graders, in the order it tries them: a dataset name is graded by the first of these
 # it contains (so "mmlu_pro" never reaches a grader of "mmlu", which it has none of).
@@ -308,7 +309,7 @@ def format_report(result: dict) -> str:
 
 def load_records(path: str | Path) -> list[dict]:
     """qsl_idx -> {"dataset", "ground_truth"}, from the reference's pickled DataFrame
-    (mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl) or the parquet that harness.deepseek_r1 writes
+    (mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl) or the parquet that accuracy.datasets.deepseek_r1 writes
     from it. The reference also takes the ground truth from a `gt_output` column."""
     path = Path(path)
     if not path.is_file():
@@ -386,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
         "--dataset",
         "--dataset-file",
         required=True,
-        help="mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl, or the parquet python -m harness.deepseek_r1 wrote",
+        help="mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl, "
+        "or the parquet python -m accuracy.datasets.deepseek_r1 wrote",
     )
     parser.add_argument("--tokenizer", required=True, help="the model folder (its tokenizer files)")
     parser.add_argument("--output-file", help="write the printed result here (accuracy.txt), with the log's hash= line")

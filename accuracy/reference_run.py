@@ -31,7 +31,7 @@ def main() -> None:
     args = parser.parse_args()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from accuracy.dataset import DatasetError, load_dataset
+    from accuracy.datasets.reader import DatasetError, load_dataset
 
     if not (Path(args.model) / "config.json").is_file():
         sys.exit(f"error: reference_run: {args.model}: not a model folder (no config.json)")

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.datasets.reader import DatasetError, load_dataset
 from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log

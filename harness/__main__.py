@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from accuracy.accuracy_log import AccuracyLogError
-from accuracy.dataset import DatasetError
+from accuracy.datasets.reader import DatasetError
 from accuracy.deepseek_r1 import DeepSeekR1AccuracyError
 from accuracy.gpt_oss import GptOssAccuracyError
 from compliance.run_folder import RunFolderError

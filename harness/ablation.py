@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from accuracy.dataset import Dataset, load_dataset
+from accuracy.datasets.reader import Dataset, load_dataset
 from compliance.loadgen_logs import read_detail_log
 from compliance.submission import RUN_START_S
 from harness.capacity import (

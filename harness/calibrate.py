@@ -39,7 +39,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.datasets.reader import DatasetError, load_dataset
 from compliance.submission import harness_command, predicted_minutes
 from harness.capacity import CapacityError, LoadGenTrials, search_capacity
 from harness.config import HarnessConfigError, RunConfig

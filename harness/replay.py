@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.datasets.reader import DatasetError, load_dataset
 from compliance.run_folder import RunFolder, RunFolderError
 from harness.config import HarnessConfigError, RunConfig
 from harness.loadgen_sut import EngineLoop

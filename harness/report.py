@@ -61,7 +61,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.datasets.reader import DatasetError, load_dataset
 from accuracy.report import summarization_accuracy
 from harness.ablation import NUMERICS_FOLDER, PEAKS, PLAN, SCENARIO, report_settings, run_configurations
 from harness.capacity import CapacityError

@@ -20,7 +20,7 @@ from pathlib import Path
 import mlperf_loadgen as lg
 from tqdm import tqdm
 
-from accuracy.dataset import load_dataset
+from accuracy.datasets.reader import load_dataset
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance.audit_config import AUDIT_CONFIGS, read_audit_config
 from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log

@@ -81,7 +81,7 @@ def worker_command(system: str, benchmark: str, root: Path, engine: dict, extra:
 
 
 def serve(args, replies) -> None:
-    from accuracy.dataset import load_dataset
+    from accuracy.datasets.reader import load_dataset
     from harness.run import RunFailed, load_engine, run
 
     def resolve(scenario: str, user_conf: Path | None, log_dir: Path | None) -> RunConfig:
@@ -137,7 +137,7 @@ def main() -> None:
     # Replies on the real stdout; whatever else prints (warm-up, LoadGen, progress) goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    from accuracy.dataset import DatasetError
+    from accuracy.datasets.reader import DatasetError
     from sut import SaafError
 
     try:

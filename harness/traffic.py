@@ -10,7 +10,7 @@ The file is JSON Lines, one request per line:
   benchmark's settings stop it);
 - optionally `arrival_s`, when it arrived (seconds, from any origin; non-decreasing).
 
-`convert` writes it in the benchmark's dataset form (accuracy/dataset.py: `tok_input`, `output`,
+`convert` writes it in the benchmark's dataset form (accuracy/datasets/reader.py: `tok_input`, `output`,
 `output_tokens`) for `harness run --dataset`, and returns the arrival times where every line has one.
 With them, the report's capacity search replays the sequence scaled to each rate it tries
 (harness/replay.py: LoadGen draws Poisson arrivals and follows no other schedule); without them,

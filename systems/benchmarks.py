@@ -210,7 +210,7 @@ ENTRIES = (
     # TOKENS_PER_SAMPLE 0.9 x 3886.2274, accuracy-upper-limit TOKENS_PER_SAMPLE 1.1 x 3886.2274,
     # models_TEST06, LLM_LATENCY_LIMITS); deepseek-ai/DeepSeek-R1's config: eos_token_id 1
     # (<｜end▁of▁sentence｜>). Its dataset is the reference's pickle tokenized once with the model's chat
-    # template (python -m harness.deepseek_r1 convert).
+    # template (python -m accuracy.datasets.deepseek_r1 convert).
     Benchmark(
         "deepseek-r1",
         "deepseek-r1",

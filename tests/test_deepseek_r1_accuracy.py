@@ -1,5 +1,5 @@
 """deepseek-r1's accuracy script (accuracy/deepseek_r1.py), its MATH grader (accuracy/math_grade.py)
-and its dataset reader (harness/deepseek_r1.py), on hand-built outputs with known answers: each
+and its dataset reader (accuracy/datasets/deepseek_r1.py), on hand-built outputs with known answers: each
 sub-dataset's parser right and wrong, PRM800K's equivalences (fractions, \\text{}, degrees, units,
 intervals, sympy), the guarded sympy child, the score by hand, a repeated qsl_idx, the command line end
 to end on a log, a pickle and SmolLM2's tokenizer, and the reader's errors."""
@@ -19,7 +19,9 @@ import pytest
 
 from accuracy import deepseek_r1
 from accuracy.accuracy_log import AccuracyLogError
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.code_sandbox import CodeTests, SandboxLimits
+from accuracy.datasets import deepseek_r1 as reader
+from accuracy.datasets.reader import DatasetError, load_dataset
 from accuracy.deepseek_r1 import (
     DeepSeekR1AccuracyError,
     Sample,
@@ -31,10 +33,8 @@ from accuracy.deepseek_r1 import (
     parse_code,
     score_samples,
 )
-from accuracy.gpt_oss import CodeTests, SandboxLimits
 from accuracy.math_grade import SympyJudge, grade_answer, normalize, normalize_mathd
 from compliance.check import ACCURACY_PATTERNS
-from harness import deepseek_r1 as reader
 from harness.config import HarnessConfigError
 from systems.benchmarks import BENCHMARKS
 from tests.helpers import SMOLLM2_DIR
@@ -427,7 +427,7 @@ def test_convert_errors_name_the_file_and_the_row(tmp_path, tokenizer_dir):
 
 
 def test_the_harness_refuses_a_prompt_over_the_limit_and_checks_scoring(tmp_path):
-    from accuracy.dataset import Dataset
+    from accuracy.datasets.reader import Dataset
     from harness.run import check_input_lengths, check_scoring
 
     cfg = SimpleNamespace(benchmark=BENCHMARKS["deepseek-r1"])

@@ -1,6 +1,6 @@
 """deepseek-r1 end to end on a tiny DeepSeek-V3, as `make submission` runs it: a hand-built pickle in
 the reference's form (text_input, ground_truth, dataset, question) is tokenized with the model's chat
-template by `python -m harness.deepseek_r1 convert`'s code; an open-division system
+template by `python -m accuracy.datasets.deepseek_r1 convert`'s code; an open-division system
 (`tiny-deepseek-r1`, its model substituted) runs performance, accuracy and TEST06 in Offline and in
 Server through `python -m harness run` (LoadGen, greedy, the registry's 20000 new tokens); the
 packager builds the tree and our checker passes it.
@@ -226,7 +226,7 @@ def write_pickle(path: Path) -> Path:
 def reference_run(model, model_dir: Path, dataset: Path) -> dict:
     """The transformers implementation on the set, greedy as the reference generates, scored with
     the benchmark's script: the substituted model's reference scores."""
-    from accuracy.dataset import load_dataset
+    from accuracy.datasets.reader import load_dataset
     from accuracy.deepseek_r1 import Sample, load_records, score_samples
     from accuracy.evaluate import load_tokenizer
 
@@ -242,7 +242,7 @@ def reference_run(model, model_dir: Path, dataset: Path) -> dict:
 def chain(tmp_path_factory):
     """(root, tree, the converter's summary, the reference run, each run's verdict line, the
     transformers model)."""
-    from harness.deepseek_r1 import convert
+    from accuracy.datasets.deepseek_r1 import convert
 
     root = tmp_path_factory.mktemp("deepseek-r1-repo")
     model_dir = root / "models" / SYSTEM

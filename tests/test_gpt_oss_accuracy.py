@@ -1,7 +1,7 @@
 """gpt-oss-120b's accuracy script (accuracy/gpt_oss.py) on hand-built outputs with known answers: the
 harmony final-channel extraction, the AIME / GPQA / code parsers, LiveCodeBench code run in the sandbox
-(passing, failing, looping), the repeat-weighted score, and the command line on a log, a parquet and a
-tokenizer made here."""
+of accuracy/code_sandbox.py (passing, failing, looping), the repeat-weighted score, and the command
+line on a log, a parquet and a tokenizer made here."""
 
 import base64
 import json
@@ -18,20 +18,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accuracy import gpt_oss
+from accuracy import code_sandbox
 from accuracy.accuracy_log import AccuracyLogError
+from accuracy.code_sandbox import CodeTests, LiveCodeBenchError, SandboxLimits, load_lcb_problems, run_code
 from accuracy.gpt_oss import (
-    CodeTests,
     GptOssAccuracyError,
-    SandboxLimits,
     evaluate,
     final_section,
-    load_lcb_problems,
     main,
     parse_aime,
     parse_choice,
     parse_code,
-    run_code,
     score,
 )
 
@@ -211,7 +208,7 @@ def test_sandbox_blocks_new_processes_and_huge_memory(monkeypatch):
     assert "NoneType" in run_code("import os\nos.fork()\nprint(3)", SUM, FAST).detail
     assert "NoneType" in run_code("import posix\nposix.fork()\nprint(3)", SUM, FAST).detail
     # a process limit (which the kernel applies to users other than root) leaves threads working
-    monkeypatch.setattr(gpt_oss, "_process_allowance", lambda: 4096)
+    monkeypatch.setattr(code_sandbox, "_process_allowance", lambda: 4096)
     threads = "import threading\nt = threading.Thread(target=lambda: print(3))\nt.start()\nt.join()"
     assert run_code(threads, CodeTests([""], ["3"]), FAST).passed
     assert "MemoryError" in run_code("x = [0] * (10 ** 10)", SUM, SandboxLimits(5, 5, memory_mb=512)).detail
@@ -292,10 +289,10 @@ def test_private_tests_are_a_pickled_string_and_nothing_else(tmp_path):
     evil = base64.b64encode(zlib.compress(pickle.dumps(Decimal(1)))).decode()
     rows = [{"question_id": "q1", "public_test_cases": "[]", "private_test_cases": evil, "metadata": "{}"}]
     (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(GptOssAccuracyError, match=r"test.jsonl: line 1 \(question_id q1\): field 'private_test_cases'"):
+    with pytest.raises(LiveCodeBenchError, match=r"test.jsonl: line 1 \(question_id q1\): field 'private_test_cases'"):
         load_lcb_problems(tmp_path)
     (tmp_path / "empty").mkdir()
-    with pytest.raises(GptOssAccuracyError, match=r"empty: no \*.jsonl files"):
+    with pytest.raises(LiveCodeBenchError, match=r"empty: no \*.jsonl files"):
         load_lcb_problems(tmp_path / "empty")
 
 

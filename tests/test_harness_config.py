@@ -422,7 +422,7 @@ def test_a_speculative_config_model_is_a_path_as_model_folders_are(tmp_path, mon
 
 
 def test_gpt_oss_samples_as_the_reference_with_a_seed_per_sample(tmp_path):
-    from accuracy.dataset import Dataset
+    from accuracy.datasets.reader import Dataset
     from harness.run import sampling_params
 
     root = gpt_oss_system(tmp_path, {"performance": "/d/p.parquet", "accuracy": "/d/a.parquet"})
@@ -444,7 +444,7 @@ def test_a_closed_run_whose_max_model_len_would_cut_responses_is_refused(tmp_pat
     for 32768 new tokens after each prompt, a performance run for 10240."""
     from types import SimpleNamespace
 
-    from accuracy.dataset import Dataset
+    from accuracy.datasets.reader import Dataset
     from harness.run import check_room
 
     root = gpt_oss_system(tmp_path, {"performance": "/d/p.parquet", "accuracy": "/d/a.parquet"})
@@ -470,7 +470,7 @@ def test_a_gpt_oss_accuracy_run_checks_its_scoring_needs_before_it_starts(tmp_pa
     sub-dataset the script cannot grade is refused, before the hours of the run."""
     import pandas as pd
 
-    from accuracy.dataset import load_dataset
+    from accuracy.datasets.reader import load_dataset
     from harness.run import check_scoring
 
     acc = tmp_path / "acc.parquet"

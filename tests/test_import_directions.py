@@ -169,6 +169,17 @@ def test_no_import_cycle_anywhere():
     assert import_cycles(our_imports(REPO, sorted(OURS))) == []
 
 
+def test_no_benchmarks_accuracy_script_imports_anothers():
+    """A benchmark's own accuracy script (accuracy/<scorer>.py: gpt_oss.py, deepseek_r1.py) takes what it
+    shares with another, the code sandbox and the accuracy-log readers, from modules of their own."""
+    from systems.benchmarks import BENCHMARKS
+
+    graph = our_imports(REPO, ["accuracy"])
+    scripts = {f"accuracy/{b.scorer}.py" for b in BENCHMARKS.values()} & set(graph)
+    assert scripts >= {"accuracy/gpt_oss.py", "accuracy/deepseek_r1.py"}
+    assert {script: graph[script] & scripts for script in scripts} == dict.fromkeys(scripts, set())
+
+
 def test_the_cycle_and_layer_checks_catch_what_they_look_for(tmp_path):
     (tmp_path / "sut" / "engine").mkdir(parents=True)
     (tmp_path / "sut" / "model").mkdir()

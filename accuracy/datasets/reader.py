@@ -1,16 +1,17 @@
 """Benchmark datasets in the form the reference implementations read: `cnn_eval.json` for
 llama3.1-8b (a JSON list of records with `tok_input`, the prompt's token ids, and `output`, the
 reference summary; `input` holds the prompt text). The CPU demo's XSum stand-in is written in the
-same form, and so is llama2-70b's OpenOrca set, converted once from its pickle by harness.openorca.
-A `.parquet` file, as the newer references ship theirs (gpt-oss-120b's), is read with Hugging Face
-`datasets` (its Arrow reader, no hub), its prompt in `input_tokens` (or `tok_input`, which the
-reference prefers where both are); in a table the reference text `output` is optional: gpt-oss-120b's
-sets carry `ground_truth` and `dataset` instead, which its accuracy script reads from the file itself
-(accuracy/gpt_oss.py), and so does deepseek-r1's table, written once from the reference's pickle with
-its prompts tokenized (harness/deepseek_r1.py; scored by accuracy/deepseek_r1.py). A pickled table
-(`.pkl`, which gpt-oss-120b's reference also reads) is refused by name: unpickling runs code stored in
-the file, so the harness never reads one at run time (as for llama2-70b's, harness/openorca.py); the
-gpt-oss reference now distributes its sets as parquet (its README).
+same form (xsum_demo.py beside it), and so is llama2-70b's OpenOrca set, converted once from its
+pickle (openorca.py). A `.parquet` file, as the newer references ship theirs (gpt-oss-120b's), is
+read with Hugging Face `datasets` (its Arrow reader, no hub), its prompt in `input_tokens` (or
+`tok_input`, which the reference prefers where both are); in a table the reference text `output` is
+optional: gpt-oss-120b's sets carry `ground_truth` and `dataset` instead, which its accuracy script
+reads from the file itself (accuracy/gpt_oss.py), and so does deepseek-r1's table, written once from
+the reference's pickle with its prompts tokenized (deepseek_r1.py beside it; scored by
+accuracy/deepseek_r1.py). A pickled table (`.pkl`, which gpt-oss-120b's reference also reads) is
+refused by name: unpickling runs code stored in the file, so the harness never reads one at run time
+(as for llama2-70b's, openorca.py); the gpt-oss reference now distributes its sets as parquet (its
+README).
 Every problem names the file, the sample and the field. It lives in accuracy, which owns the
 references, so that the reference run and the submission chain read it without the harness."""
 
@@ -49,7 +50,7 @@ def load_dataset(path: str | Path) -> Dataset:
             "reads one at run time: use the reference's parquet file of the same set (gpt-oss-120b's sets are "
             "distributed as parquet), or convert this one once, if you trust it: "
             "python -c 'import pandas, sys; pandas.read_pickle(sys.argv[1]).to_parquet(sys.argv[2])' IN.pkl OUT.parquet"
-            " (deepseek-r1's, whose prompts are text: python -m harness.deepseek_r1 convert)"
+            " (deepseek-r1's, whose prompts are text: python -m accuracy.datasets.deepseek_r1 convert)"
         )
     return _checked(path, _json_records(path))
 
@@ -74,7 +75,7 @@ def _json_records(path: Path) -> list:
     except UnicodeDecodeError as e:
         raise DatasetError(
             f"{path}: not a UTF-8 text file (binary data at byte {e.start}); the dataset is a JSON list "
-            "of samples (for llama2-70b's pickle, convert it first: `python -m harness.openorca "
+            "of samples (for llama2-70b's pickle, convert it first: `python -m accuracy.datasets.openorca "
             "convert`)"
         ) from None
     try:
