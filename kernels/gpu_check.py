@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from kernels import checks
+from kernels.checks import compare
+from kernels.checks.fp8 import fp8_benchmarks, fp8_cases
 from kernels.decode_attention import (
     _decode_reduce_kernel,
     _decode_split_kernel,
@@ -31,7 +32,6 @@ from kernels.decode_attention import (
     decode_attention_triton,
 )
 from kernels.fp8 import _fp8_linear_kernel
-from kernels.fp8_checks import fp8_benchmarks, fp8_cases
 from kernels.fused_moe import (
     _fused_moe_kernel,
     fused_moe_mxfp4_reference,
@@ -112,7 +112,7 @@ def _run_case(case: str, dtype: torch.dtype, check) -> dict:
     try:
         got, want = check()
         result["max_abs_err"] = float((got - want).abs().max()) if got.numel() else 0.0
-        checks.assert_close(got, want, dtype, case)
+        compare.assert_close(got, want, dtype, case)
         result["ok"] = True
     except Exception as e:  # noqa: BLE001 - reported in the results, with the case
         result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
@@ -130,14 +130,14 @@ def check_decode(device) -> list[dict]:
             (4, 64, 128),
             (8, 64, 64),
         ]:
-            lens = checks.ragged_lengths(block_size) + [3000]
+            lens = compare.ragged_lengths(block_size) + [3000]
             for num_splits in (1, None):  # one pass; split-K as the launcher chooses it
                 case = f"decode gqa={gqa} head_dim={head_dim} block_size={block_size} splits={num_splits or 'auto'}"
                 results.append(
                     _run_case(
                         case,
                         dtype,
-                        lambda: checks.check_decode_attention(
+                        lambda: compare.check_decode_attention(
                             lens, 8 * gqa, 8, head_dim, block_size, dtype, device, num_splits
                         ),
                     )
@@ -156,7 +156,7 @@ def check_prefill(device) -> list[dict]:
                 _run_case(
                     case,
                     dtype,
-                    lambda: checks.check_prefill_attention(
+                    lambda: compare.check_prefill_attention(
                         query_lens, seq_lens, 8 * gqa, 8, head_dim, block_size, dtype, device
                     ),
                 )
@@ -173,7 +173,7 @@ def check_mixed_step(device) -> list[dict]:
         _run_case(
             f"mixed step gqa={gqa} head_dim={head_dim} block_size=16",
             dtype,
-            lambda: checks.check_mixed_step_attention(query_lens, seq_lens, 8 * gqa, 8, head_dim, 16, dtype, device)[
+            lambda: compare.check_mixed_step_attention(query_lens, seq_lens, 8 * gqa, 8, head_dim, 16, dtype, device)[
                 :2
             ],
         )
@@ -193,9 +193,9 @@ def check_sinks_window(device) -> list[dict]:
     window (its sliding layers) and the window alone; decode in one pass, split-K as the launcher
     chooses it and over 8 splits; prefill (prompts, chunks after cached context); a mixed step. With
     a window the blocks before it are freed: NaN-filled, stale table entries
-    (`checks.free_blocks_before_window`)."""
+    (`compare.free_blocks_before_window`)."""
     num_q_heads, num_kv_heads, head_dim = GPT_OSS_HEADS
-    decode_lens = checks.ragged_lengths(16) + [127, 128, 129, 3000]
+    decode_lens = compare.ragged_lengths(16) + [127, 128, 129, 3000]
     query_lens, seq_lens = [300, 1, 5, 100, 17, 1, 130], [300, 1000, 1005, 612, 17, 1, 260]
     mixed_query_lens = [1] * 6 + [5, 300, 17, 1]
     mixed_seq_lens = [1, 40, 700, 3000, 129, 16, 1005, 300, 1000, 612]
@@ -211,7 +211,7 @@ def check_sinks_window(device) -> list[dict]:
                         _run_case(
                             f"decode {what} block_size={block_size} splits={num_splits or 'auto'}",
                             dtype,
-                            lambda: checks.check_decode_attention(
+                            lambda: compare.check_decode_attention(
                                 decode_lens, *shape, block_size, dtype, device, num_splits, **extras
                             ),
                         )
@@ -220,14 +220,14 @@ def check_sinks_window(device) -> list[dict]:
                 _run_case(
                     f"prefill {what} block_size=16",
                     dtype,
-                    lambda: checks.check_prefill_attention(query_lens, seq_lens, *shape, 16, dtype, device, **extras),
+                    lambda: compare.check_prefill_attention(query_lens, seq_lens, *shape, 16, dtype, device, **extras),
                 )
             )
             results.append(
                 _run_case(
                     f"mixed step {what} block_size=16",
                     dtype,
-                    lambda: checks.check_mixed_step_attention(
+                    lambda: compare.check_mixed_step_attention(
                         mixed_query_lens, mixed_seq_lens, *shape, 16, dtype, device, **extras
                     )[:2],
                 )
@@ -252,7 +252,7 @@ def check_mla(device) -> list[dict]:
     of its own) split-K decode, a prefill of each kind and the writes."""
     d_k, d_v = MLA_ABSORBED_DIMS
     absorbed = dict(v_head_dim=d_v, shared_kv=True)
-    decode_lens = checks.ragged_lengths(16) + [1000, 3000]
+    decode_lens = compare.ragged_lengths(16) + [1000, 3000]
     query_lens, seq_lens = [300, 1, 5, 100, 17, 1], [300, 1000, 1005, 612, 17, 1]
     mixed_query_lens = [1] * 6 + [5, 300, 17, 1]
     mixed_seq_lens = [1, 40, 700, 3000, 129, 16, 1005, 300, 1000, 612]
@@ -273,7 +273,7 @@ def check_mla(device) -> list[dict]:
                 add(
                     f"decode {what} splits={num_splits or 'auto'}" + (f" block_h={block_h}" if block_h else ""),
                     dtype,
-                    lambda: checks.check_decode_attention(
+                    lambda: compare.check_decode_attention(
                         decode_lens, num_q_heads, 1, d_k, 16, dtype, device, num_splits, block_h=block_h, **absorbed
                     ),
                 )
@@ -281,7 +281,7 @@ def check_mla(device) -> list[dict]:
                 add(
                     f"prefill {what}",
                     dtype,
-                    lambda: checks.check_prefill_attention(
+                    lambda: compare.check_prefill_attention(
                         query_lens, seq_lens, num_q_heads, 1, d_k, 16, dtype, device, **absorbed
                     ),
                 )
@@ -289,7 +289,7 @@ def check_mla(device) -> list[dict]:
                 add(
                     f"mixed step {what}",
                     dtype,
-                    lambda: checks.check_mixed_step_attention(
+                    lambda: compare.check_mixed_step_attention(
                         mixed_query_lens, mixed_seq_lens, num_q_heads, 1, d_k, 16, dtype, device, **absorbed
                     )[:2],
                 )
@@ -297,7 +297,7 @@ def check_mla(device) -> list[dict]:
         add(
             f"prefill {what}",
             dtype,
-            lambda: checks.check_prefill_attention(
+            lambda: compare.check_prefill_attention(
                 query_lens, seq_lens, heads, heads, decompressed_dk, 16, dtype, device, **decompressed
             ),
         )
@@ -305,19 +305,19 @@ def check_mla(device) -> list[dict]:
             add(
                 f"mixed step {what}",
                 dtype,
-                lambda: checks.check_mixed_step_attention(
+                lambda: compare.check_mixed_step_attention(
                     mixed_query_lens, mixed_seq_lens, heads, heads, decompressed_dk, 16, dtype, device, **decompressed
                 )[:2],
             )
         add(
             f"store_kvcache absorbed {d_k} keys only",
             dtype,
-            lambda: checks.check_store_kvcache(300, 1, d_k, 16, dtype, device, v_head_dim=d_v, keys_only=True),
+            lambda: compare.check_store_kvcache(300, 1, d_k, 16, dtype, device, v_head_dim=d_v, keys_only=True),
         )
         add(
             f"store_kvcache {what}",
             dtype,
-            lambda: checks.check_store_kvcache(
+            lambda: compare.check_store_kvcache(
                 300, heads, decompressed_dk, 16, dtype, device, v_head_dim=decompressed_dv
             ),
         )
@@ -327,7 +327,7 @@ def check_mla(device) -> list[dict]:
 def check_kv_cache(device) -> list[dict]:
     return [
         _run_case(
-            f"store_kvcache block_size={bs}", dtype, lambda: checks.check_store_kvcache(300, 8, 128, bs, dtype, device)
+            f"store_kvcache block_size={bs}", dtype, lambda: compare.check_store_kvcache(300, 8, 128, bs, dtype, device)
         )
         for dtype in DTYPES
         for bs in (8, 16, 128)
@@ -339,7 +339,7 @@ def check_rms_norm(device) -> list[dict]:
         _run_case(
             f"rms_norm hidden={hidden} residual={res}",
             dtype,
-            lambda: checks.check_rms_norm(257, hidden, dtype, device, res),
+            lambda: compare.check_rms_norm(257, hidden, dtype, device, res),
         )
         for dtype in DTYPES
         for hidden in (4096, 8192, 576)
@@ -352,7 +352,7 @@ def check_rotary(device) -> list[dict]:
         _run_case(
             f"rotary heads={hq}/{hkv} head_dim={hd}",
             dtype,
-            lambda: checks.check_rotary(257, hq, hkv, hd, dtype, device),
+            lambda: compare.check_rotary(257, hq, hkv, hd, dtype, device),
         )
         for dtype in DTYPES
         for hq, hkv, hd in ((32, 8, 128), (64, 8, 128), (9, 3, 64))
@@ -371,7 +371,7 @@ def check_rejection_sample(device) -> list[dict]:
                 _run_case(
                     case,
                     torch.float32,
-                    lambda: checks.check_rejection_sample(num_drafts, greedy, 128256, with_draft_probs, device),
+                    lambda: compare.check_rejection_sample(num_drafts, greedy, 128256, with_draft_probs, device),
                 )
             )
     return results
@@ -413,7 +413,7 @@ def check_moe(device) -> list[dict]:
             _run_case(
                 case,
                 dtype,
-                lambda: checks.check_fused_moe(
+                lambda: compare.check_fused_moe(
                     num_tokens, hidden, intermediate, top_k=top_k, dtype=dtype, device=device, **options
                 ),
             )
@@ -576,7 +576,7 @@ def bench_prefill(device, peak_tflops) -> list[dict]:
         lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
         scale = head_dim**-0.5
         ms = _time_ms(partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale))
-        tflops = checks.attention_flops(query_lens, seq_lens, num_q_heads, head_dim) / ms / 1e9
+        tflops = compare.attention_flops(query_lens, seq_lens, num_q_heads, head_dim) / ms / 1e9
         sdpa_ms = None
         if query_lens == seq_lens and len(set(seq_lens)) == 1:  # SDPA's causal mask has no context offset
             keys, values = (
@@ -615,13 +615,13 @@ def bench_moe(device, peak_gbps, peak_tflops) -> list[dict]:
     for weights_name in ("bf16 [E, H, 2I]", "bf16 [E, 2I, H] (K-contiguous)", "MXFP4"):
         print(f"  gpt-oss MoE, {weights_name} weights: tokens {MOE_TOKENS}", flush=True)
         mxfp4 = weights_name == "MXFP4"
-        weights = checks.random_moe_weights(num_experts, hidden, intermediate, torch.bfloat16, device, g, mxfp4)
+        weights = compare.random_moe_weights(num_experts, hidden, intermediate, torch.bfloat16, device, g, mxfp4)
         if "K-contiguous" in weights_name:
             weights = tuple(w.transpose(1, 2).contiguous().transpose(1, 2) if w.dim() == 3 else w for w in weights)
         kernel = fused_moe_mxfp4_triton if mxfp4 else fused_moe_triton
         reference = fused_moe_mxfp4_reference if mxfp4 else fused_moe_reference
         for num_tokens in MOE_TOKENS:
-            topk_weights, topk_ids = checks.random_routing(num_tokens, num_experts, top_k, device, g)
+            topk_weights, topk_ids = compare.random_routing(num_tokens, num_experts, top_k, device, g)
             x = torch.randn(num_tokens, hidden, device=device, generator=g).to(torch.bfloat16)
             ms = _time_ms(partial(kernel, x, *weights, topk_weights, topk_ids))
             try:
@@ -629,7 +629,7 @@ def bench_moe(device, peak_gbps, peak_tflops) -> list[dict]:
             except (RuntimeError, torch.OutOfMemoryError) as e:
                 print(f"  torch baseline skipped: {type(e).__name__}: {str(e).splitlines()[0]}")
                 torch_ms = None
-            gbps = checks.moe_weight_bytes(topk_ids, hidden, intermediate, mxfp4) / ms / 1e6
+            gbps = compare.moe_weight_bytes(topk_ids, hidden, intermediate, mxfp4) / ms / 1e6
             tflops = 6 * num_tokens * top_k * hidden * intermediate / ms / 1e9
             rows.append(
                 dict(
@@ -707,7 +707,7 @@ def bench_sinks_window(device, peak_gbps, peak_tflops) -> list[dict]:
         run = partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale)
 
         def prefill_rate(window, ms):
-            flops = checks.attention_flops(query_lens, seq_lens, num_q_heads, head_dim, window)
+            flops = compare.attention_flops(query_lens, seq_lens, num_q_heads, head_dim, window)
             return flops / ms / 1e9, "TFLOP/s", peak_tflops
 
         add("prefill", name, run, prefill_rate)
@@ -805,7 +805,7 @@ def bench_mla(device, peak_gbps, peak_tflops) -> list[dict]:
             qs = q.view(1, seq_lens[0], heads, decompressed_dk).transpose(1, 2)
             sdpa_ms = _sdpa_ms(lambda: F.scaled_dot_product_attention(qs, keys, values, is_causal=True, scale=scale))
             del keys, values
-        flops = checks.attention_flops(query_lens, seq_lens, heads, decompressed_dk, v_head_dim=decompressed_dv)
+        flops = compare.attention_flops(query_lens, seq_lens, heads, decompressed_dk, v_head_dim=decompressed_dv)
         row("decompressed prefill", name, heads, ms, flops, sdpa_ms=sdpa_ms)
         del k_cache, v_cache
         torch.cuda.empty_cache()

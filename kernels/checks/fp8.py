@@ -7,9 +7,10 @@ o_proj 16384 -> 7168 (one GPU: 128 heads x 128), and its routed experts (256, to
 Llama-3.1-8B (per output channel, as the engine's `quantization: fp8` makes them): qkv
 4096 -> 6144, gate_up 4096 -> 28672, down 14336 -> 4096, at 1, 32 and 512 tokens.
 
-A case follows kernels/checks.py's convention: the kernel on inputs of the dtype, the reference in
-fp32 on the same (already rounded) inputs, compared at `checks.TOLERANCES`. `scale` divides every
-size (dims, tokens, experts) for a quick run, e.g. in Triton's interpreter on CPU (the tests).
+A case follows kernels/checks/compare.py's convention: the kernel on inputs of the dtype, the
+reference in fp32 on the same (already rounded) inputs, compared at `compare.TOLERANCES`. `scale`
+divides every size (dims, tokens, experts) for a quick run, e.g. in Triton's interpreter on CPU (the
+tests).
 """
 
 import math
@@ -17,7 +18,7 @@ import time
 
 import torch
 
-from kernels.checks import assert_close
+from kernels.checks.compare import assert_close
 from kernels.fp8 import (
     FP8_BLOCK,
     FP8_DTYPE,
@@ -250,7 +251,7 @@ def _bench_row(what: str, scales: str, m: int, ms: float, weight_bytes: int, flo
 
 
 def main() -> int:
-    """`python -m kernels.fp8_checks [scale]`: the cases and the benchmarks on this machine's GPU."""
+    """`python -m kernels.checks.fp8 [scale]`: the cases and the benchmarks on this machine's GPU."""
     import sys
 
     scale = int(sys.argv[1]) if len(sys.argv) > 1 else 1
