@@ -431,7 +431,7 @@ def triton_kernels_defined_in_kernels() -> set[str]:
 
 
 def test_gpu_check_covers_every_triton_kernel():
-    from kernels.gpu_check import CHECKS
+    from kernels.checks.gpu_cases import CHECKS
 
     covered = {kernel.fn.__name__ for _, _, kernels in CHECKS for kernel in kernels}
     defined = triton_kernels_defined_in_kernels()
