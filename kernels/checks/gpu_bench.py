@@ -77,6 +77,17 @@ def _paged_bench_inputs(
     return k_cache, v_cache, block_tables.to(device)
 
 
+def _prefill_bench_inputs(query_lens: list[int], seq_lens: list[int], num_q_heads: int, head_dim: int, device):
+    """Random bf16 queries for `query_lens` tokens of each sequence, their `cu_seqlens` and the
+    sequences' lengths."""
+    q = torch.randn(sum(query_lens), num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
+    cu = torch.tensor(
+        [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
+    )
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+    return q, cu, lens
+
+
 def _sdpa_ms(fn) -> float | None:
     """SDPA's time, or None where it cannot run the case (e.g. out of memory)."""
     try:
@@ -130,11 +141,7 @@ def bench_prefill(device, peak_tflops) -> list[dict]:
     for name, query_lens, seq_lens in PREFILL_CASES:
         print(f"  prefill attention: {name}", flush=True)
         k_cache, v_cache, block_tables = _paged_bench_inputs(seq_lens, device)
-        q = torch.randn(sum(query_lens), num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
-        cu = torch.tensor(
-            [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
-        )
-        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        q, cu, lens = _prefill_bench_inputs(query_lens, seq_lens, num_q_heads, head_dim, device)
         scale = head_dim**-0.5
         ms = time_ms(partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale))
         tflops = compare.attention_flops(query_lens, seq_lens, num_q_heads, head_dim) / ms / 1e9
@@ -260,11 +267,7 @@ def bench_sinks_window(device, peak_gbps, peak_tflops) -> list[dict]:
         torch.cuda.empty_cache()
     for name, query_lens, seq_lens in GPT_OSS_PREFILL_CASES:
         k_cache, v_cache, block_tables = _paged_bench_inputs(seq_lens, device, GPT_OSS_HEADS)
-        q = torch.randn(sum(query_lens), num_q_heads, head_dim, device=device, dtype=torch.bfloat16)
-        cu = torch.tensor(
-            [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
-        )
-        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        q, cu, lens = _prefill_bench_inputs(query_lens, seq_lens, num_q_heads, head_dim, device)
         run = partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale)
 
         def prefill_rate(window, ms):
@@ -350,11 +353,7 @@ def bench_mla(device, peak_gbps, peak_tflops) -> list[dict]:
         k_cache, v_cache, block_tables = _paged_bench_inputs(
             seq_lens, device, (heads, heads, decompressed_dk), decompressed_dv
         )
-        q = torch.randn(sum(query_lens), heads, decompressed_dk, device=device, dtype=torch.bfloat16)
-        cu = torch.tensor(
-            [0] + [sum(query_lens[: i + 1]) for i in range(len(query_lens))], dtype=torch.int32, device=device
-        )
-        lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        q, cu, lens = _prefill_bench_inputs(query_lens, seq_lens, heads, decompressed_dk, device)
         scale = decompressed_dk**-0.5
         ms = time_ms(partial(prefill_attention_triton, q, k_cache, v_cache, block_tables, cu, lens, scale))
         sdpa_ms = None

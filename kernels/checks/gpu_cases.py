@@ -315,6 +315,16 @@ def check_moe(device) -> list[dict]:
     return results
 
 
+# A step's attention: the decode kernel's two launches, the prefill kernel, and the jit helpers they call.
+STEP_ATTENTION = [
+    _decode_split_kernel,
+    _decode_reduce_kernel,
+    _prefill_kernel,
+    _find_sequence,
+    attend_paged_keys,
+    online_softmax_tile,
+]
+
 # Correctness: each entry is (what, run the cases -> list of results, the @triton.jit functions it
 # covers). tests/test_triton_kernels.py checks that these cover every kernel in kernels/.
 CHECKS = [
@@ -328,43 +338,12 @@ CHECKS = [
         check_prefill,
         [_prefill_kernel, _find_sequence, attend_paged_latent_keys, attend_paged_keys, online_softmax_tile],
     ),
-    (
-        "mixed step attention",
-        check_mixed_step,
-        [
-            _decode_split_kernel,
-            _decode_reduce_kernel,
-            _prefill_kernel,
-            _find_sequence,
-            attend_paged_keys,
-            online_softmax_tile,
-        ],
-    ),
-    (
-        "gpt-oss attention (sinks, sliding window)",
-        check_sinks_window,
-        [
-            _decode_split_kernel,
-            _decode_reduce_kernel,
-            _prefill_kernel,
-            _find_sequence,
-            attend_paged_keys,
-            online_softmax_tile,
-        ],
-    ),
+    ("mixed step attention", check_mixed_step, STEP_ATTENTION),
+    ("gpt-oss attention (sinks, sliding window)", check_sinks_window, STEP_ATTENTION),
     (
         "DeepSeek MLA attention (absorbed, decompressed)",
         check_mla,
-        [
-            _decode_split_kernel,
-            _decode_reduce_kernel,
-            _prefill_kernel,
-            _find_sequence,
-            attend_paged_latent_keys,
-            attend_paged_keys,
-            online_softmax_tile,
-            _store_kvcache_kernel,
-        ],
+        [*STEP_ATTENTION, attend_paged_latent_keys, _store_kvcache_kernel],
     ),
     ("KV-cache write", check_kv_cache, [_store_kvcache_kernel]),
     ("RMSNorm", check_rms_norm, [_rms_norm_kernel]),
