@@ -4,7 +4,7 @@ routing layout's invariants, and the Triton kernels against the references in Tr
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any kernel module is imported).
 Slots of id -1 (expert parallelism: another rank's expert) in every variant, dense, MXFP4 and FP8:
 they contribute 0, the kernel computes nothing for them, and DeepSeek's expert-parallel ranks pass
-them so. Shapes are small; kernels/gpu_check.py runs gpt-oss's own on a GPU."""
+them so. Shapes are small; the GPU check (kernels/checks/gpu_cases.py) runs gpt-oss's own on a GPU."""
 
 import dataclasses
 
