@@ -6,8 +6,9 @@ kv_cache, decode_attention, prefill_attention, activation, fused_moe (with mxfp4
 FP8 GEMM, which sut/model/fp8.py's linear calls directly); attention holds the step's metadata and
 the paged-attention op the model calls (the CPU one, and the dispatch to the decode or prefill
 kernel); rejection_sample is speculative decoding's verifier (exact rejection sampling of draft
-tokens). checks.py runs each kernel against its reference (for the tests and gpu_check.py, `make
-gpu-check`; fp8_checks.py those of the FP8 kernels).
+tokens). The checks and benchmarks sit apart, in checks/: checks/compare.py runs each kernel
+against its reference (for the tests and the GPU check, `make gpu-check`), checks/gpu_cases.py and
+gpu_bench.py are the GPU check's kernel cases and benchmarks, checks/fp8.py those of the FP8 kernels.
 
 The model calls only the `KernelOps` set that `select_ops` picks, so the backend switch lives in one
 place: our Triton kernels on CUDA, and on CPU the op set of the engine's CPU backend (its C kernels,

@@ -213,7 +213,7 @@ def _fp8_linear_kernel(
 
 
 def fp8_linear_config(m: int, n: int, k: int, dtype: torch.dtype, device: torch.device | str = "cuda") -> dict:
-    """Tiles for `fp8_linear_triton` on sm_90 (untuned: kernels/fp8_checks.py's benchmark is where
+    """Tiles for `fp8_linear_triton` on sm_90 (untuned: kernels/checks/fp8.py's benchmark is where
     to tune them). Decode (M <= 16): 16-row tiles, long K steps (a 64 x 128 FP8 tile is 8 KiB), and
     split K until about two programs per SM stream the weights; mid M: 32/64-row tiles; prefill
     (M > 64): 128 x 128 tiles, 64-deep K steps, split K only when the tiles fill under half the SMs.

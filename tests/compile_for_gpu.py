@@ -26,7 +26,7 @@ import kernels.prefill_attention  # noqa: E402
 import kernels.rejection_sample  # noqa: E402
 import kernels.rms_norm  # noqa: E402
 import kernels.rotary  # noqa: E402
-from kernels import checks  # noqa: E402
+from kernels.checks import compare  # noqa: E402
 
 POINTER_TYPES = {
     torch.float32: "*fp32",
@@ -115,29 +115,29 @@ def main():
     dtype = torch.bfloat16
     for gqa, head_dim in ((1, 128), (4, 128), (8, 128), (8, 64)):
         for num_splits in (1, 4):
-            checks.check_decode_attention([5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu", num_splits)
-        checks.check_prefill_attention([5, 1], [5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
-        checks.check_prefill_attention([5], [40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
-        checks.check_mixed_step_attention([1, 5], [9, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
-        checks.check_mixed_step_attention([1, 1, 5, 3], [9, 300, 40, 3], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
-        checks.check_rotary(3, 8 * gqa, 8, head_dim, dtype, "cpu")
+            compare.check_decode_attention([5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu", num_splits)
+        compare.check_prefill_attention([5, 1], [5, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        compare.check_prefill_attention([5], [40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        compare.check_mixed_step_attention([1, 5], [9, 40], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        compare.check_mixed_step_attention([1, 1, 5, 3], [9, 300, 40, 3], 8 * gqa, 8, head_dim, 16, dtype, "cpu")
+        compare.check_rotary(3, 8 * gqa, 8, head_dim, dtype, "cpu")
     # gpt-oss's attention (64 query heads over 8 KV heads, head_dim 64): sinks, its 128-key sliding
     # window, both; one pass and split-K, prefill, a mixed step.
     for sinks, window in ((True, None), (False, 128), (True, 128)):
         extras = dict(sinks=sinks, sliding_window=window)
         for num_splits in (1, 4):
-            checks.check_decode_attention([5, 400], 64, 8, 64, 16, dtype, "cpu", num_splits, **extras)
-        checks.check_prefill_attention([5, 1], [5, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
-        checks.check_mixed_step_attention([1, 1, 5], [9, 300, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
+            compare.check_decode_attention([5, 400], 64, 8, 64, 16, dtype, "cpu", num_splits, **extras)
+        compare.check_prefill_attention([5, 1], [5, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
+        compare.check_mixed_step_attention([1, 1, 5], [9, 300, 200], 64, 8, 64, 16, dtype, "cpu", **extras)
     compile_mla(dtype)
-    checks.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
+    compare.check_store_kvcache(4, 8, 128, 16, dtype, "cpu")
     for with_residual in (False, True):
-        checks.check_rms_norm(3, 4096, dtype, "cpu", with_residual)
+        compare.check_rms_norm(3, 4096, dtype, "cpu", with_residual)
     # The rejection sampler with draft probabilities and without (n-gram drafts); fp32 only. No
     # drafts at all (max_num_draft 0, an output row stride of 1) must compile to the same kernel.
     for with_draft_probs in (True, False):
-        checks.check_rejection_sample([0, 4, 2], [False, True, False], 1000, with_draft_probs, "cpu")
-        args = checks.random_rejection_batch(
+        compare.check_rejection_sample([0, 4, 2], [False, True, False], 1000, with_draft_probs, "cpu")
+        args = compare.random_rejection_batch(
             [0, 0], [False, True], 1000, with_draft_probs, "cpu", torch.Generator().manual_seed(0), extra_slots=0
         )
         kernels.rejection_sample.rejection_sample_triton(**args)
@@ -155,16 +155,16 @@ def compile_mla(dtype: torch.dtype):
     absorbed = dict(v_head_dim=512, shared_kv=True)
     for heads in (128, 16):
         for num_splits in (1, 4):
-            checks.check_decode_attention([5, 40], heads, 1, 576, 16, dtype, "cpu", num_splits, **absorbed)
-        checks.check_prefill_attention([5, 1], [5, 40], heads, 1, 576, 16, dtype, "cpu", **absorbed)
-        checks.check_mixed_step_attention([1, 1, 5], [9, 300, 40], heads, 1, 576, 16, dtype, "cpu", **absorbed)
+            compare.check_decode_attention([5, 40], heads, 1, 576, 16, dtype, "cpu", num_splits, **absorbed)
+        compare.check_prefill_attention([5, 1], [5, 40], heads, 1, 576, 16, dtype, "cpu", **absorbed)
+        compare.check_mixed_step_attention([1, 1, 5], [9, 300, 40], heads, 1, 576, 16, dtype, "cpu", **absorbed)
     for num_splits in (1, 4):
-        checks.check_decode_attention([5, 40], 128, 1, 576, 16, dtype, "cpu", num_splits, block_h=32, **absorbed)
-    checks.check_prefill_attention([5, 1], [5, 40], 16, 16, 192, 16, dtype, "cpu", v_head_dim=128)
-    checks.check_decode_attention([5, 40], 16, 16, 192, 16, dtype, "cpu", 4, v_head_dim=128)
-    checks.check_mixed_step_attention([1, 1, 5], [9, 300, 40], 16, 16, 192, 16, dtype, "cpu", v_head_dim=128)
-    checks.check_store_kvcache(4, 1, 576, 16, dtype, "cpu", v_head_dim=512, keys_only=True)
-    checks.check_store_kvcache(4, 16, 192, 16, dtype, "cpu", v_head_dim=128)
+        compare.check_decode_attention([5, 40], 128, 1, 576, 16, dtype, "cpu", num_splits, block_h=32, **absorbed)
+    compare.check_prefill_attention([5, 1], [5, 40], 16, 16, 192, 16, dtype, "cpu", v_head_dim=128)
+    compare.check_decode_attention([5, 40], 16, 16, 192, 16, dtype, "cpu", 4, v_head_dim=128)
+    compare.check_mixed_step_attention([1, 1, 5], [9, 300, 40], 16, 16, 192, 16, dtype, "cpu", v_head_dim=128)
+    compare.check_store_kvcache(4, 1, 576, 16, dtype, "cpu", v_head_dim=512, keys_only=True)
+    compare.check_store_kvcache(4, 16, 192, 16, dtype, "cpu", v_head_dim=128)
 
 
 def compile_fused_moe():
@@ -179,9 +179,9 @@ def compile_fused_moe():
         for dtype, num_tokens in ((torch.bfloat16, 1), (torch.bfloat16, 4096), (torch.float32, 1)):
             config = moe_tile_config(num_tokens * 4, 128, dtype, mxfp4)
             for top_k in (4, 1) if dtype == torch.bfloat16 and num_tokens == 1 else (4,):
-                checks.check_fused_moe(3, 64, 64, 8, top_k, dtype, "cpu", mxfp4=mxfp4, **config)
+                compare.check_fused_moe(3, 64, 64, 8, top_k, dtype, "cpu", mxfp4=mxfp4, **config)
             if not mxfp4 and dtype == torch.bfloat16:
-                checks.check_fused_moe(3, 64, 64, 8, 4, dtype, "cpu", k_contiguous=True, **config)
+                compare.check_fused_moe(3, 64, 64, 8, 4, dtype, "cpu", k_contiguous=True, **config)
 
 
 def compile_fp8():
@@ -211,7 +211,7 @@ def compile_fp8():
     for dtype, num_tokens in ((torch.bfloat16, 1), (torch.bfloat16, 4096), (torch.float32, 1)):
         config = moe_tile_config(num_tokens * top_k, 256, dtype, False)
         x = torch.randn(3, hidden, generator=g).to(dtype)
-        topk_weights, topk_ids = checks.random_routing(3, num_experts, top_k, "cpu", g)
+        topk_weights, topk_ids = compare.random_routing(3, num_experts, top_k, "cpu", g)
         fused_moe_fp8_triton(x, w_gate_up, s_gate_up, w_down, s_down, topk_weights, topk_ids, config=config)
         if dtype == torch.bfloat16:
             dense = (w_gate_up.float().transpose(1, 2).to(dtype), w_down.float().transpose(1, 2).to(dtype))

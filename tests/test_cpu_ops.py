@@ -8,7 +8,7 @@ import torch
 
 from kernels import TORCH_OPS
 from kernels.attention import AttentionMetadata, paged_attention
-from kernels.checks import random_paged_cache
+from kernels.checks.compare import random_paged_cache
 from kernels.decode_attention import decode_attention_reference
 from sut.cpu.build import library
 from sut.cpu.ops import c_ops

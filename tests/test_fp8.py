@@ -3,7 +3,7 @@ Triton FP8 GEMM against its reference in Triton's interpreter (tests/conftest.py
 TRITON_INTERPRET=1 before any kernel module is imported); the fused
 MoE's silu activation and its block-scaled FP8 experts (kernels/fused_moe.py) against a plain loop
 over the experts as transformers' DeepseekV3Experts runs it; the engine's `quantization: fp8`
-(sut/model/fp8.py, the loader) on a tiny Llama; and kernels/fp8_checks.py at a tiny scale."""
+(sut/model/fp8.py, the loader) on a tiny Llama; and kernels/checks/fp8.py at a tiny scale."""
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from kernels import TORCH_OPS, TRITON_OPS, AttentionMetadata
-from kernels.checks import assert_close, random_routing
+from kernels.checks.compare import assert_close, random_routing
 from kernels.fp8 import (
     FP8_DTYPE,
     FP8_MAX,
@@ -462,7 +462,7 @@ def test_the_engine_setting_names_its_values():
 
 
 def test_fp8_checks_run_at_a_tiny_scale():
-    from kernels import fp8_checks
+    from kernels.checks import fp8 as fp8_checks
 
     rows = fp8_checks.fp8_cases(DEVICE, scale=64)
     assert len(rows) == 3 * 3 + 3 * 3 + 3  # (2 bf16 + 1 fp32) per linear shape, (2 bf16 + 1 fp32) MoE

@@ -4,7 +4,7 @@ routing layout's invariants, and the Triton kernels against the references in Tr
 interpreter (tests/conftest.py sets TRITON_INTERPRET=1 before any kernel module is imported).
 Slots of id -1 (expert parallelism: another rank's expert) in every variant, dense, MXFP4 and FP8:
 they contribute 0, the kernel computes nothing for them, and DeepSeek's expert-parallel ranks pass
-them so. Shapes are small; kernels/gpu_check.py runs gpt-oss's own on a GPU."""
+them so. Shapes are small; the GPU check (kernels/checks/gpu_cases.py) runs gpt-oss's own on a GPU."""
 
 import dataclasses
 
@@ -12,8 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import TORCH_OPS, TRITON_OPS, checks
-from kernels.checks import assert_close
+from kernels import TORCH_OPS, TRITON_OPS
+from kernels.checks import compare
+from kernels.checks.compare import assert_close
 from kernels.fp8 import dequantize_fp8, quantize_fp8_block
 from kernels.fused_moe import (
     ACTIVATIONS,
@@ -132,7 +133,7 @@ def test_mxfp4_bad_inputs():
 )
 def test_moe_align_block_size_invariants(num_tokens, num_experts, top_k, block_m, num_used):
     g = torch.Generator().manual_seed(num_tokens)
-    _, topk_ids = checks.random_routing(num_tokens, num_experts, top_k, "cpu", g, num_used)
+    _, topk_ids = compare.random_routing(num_tokens, num_experts, top_k, "cpu", g, num_used)
     sorted_ids, expert_ids, post = moe_align_block_size(topk_ids.int(), num_experts, block_m)
     num_slots = num_tokens * top_k
     capacity = max_padded_slots(num_slots, num_experts, block_m)
@@ -213,8 +214,8 @@ def test_swiglu_reference_clamps():
 
 def test_mxfp4_reference_is_dense_reference_on_dequantized_weights():
     g = torch.Generator().manual_seed(3)
-    w = checks.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=True)
-    topk_weights, topk_ids = checks.random_routing(5, 4, 2, "cpu", g)
+    w = compare.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=True)
+    topk_weights, topk_ids = compare.random_routing(5, 4, 2, "cpu", g)
     x = torch.randn(5, 64, generator=g)
     gate_up = dequantize_mxfp4(w[0], w[1], torch.float32).transpose(1, 2)
     down = dequantize_mxfp4(w[3], w[4], torch.float32).transpose(1, 2)
@@ -224,8 +225,8 @@ def test_mxfp4_reference_is_dense_reference_on_dequantized_weights():
 
 def test_reference_bad_inputs():
     g = torch.Generator().manual_seed(0)
-    w = checks.random_moe_weights(4, 32, 16, torch.float32, "cpu", g, mxfp4=False)
-    topk_weights, topk_ids = checks.random_routing(3, 4, 2, "cpu", g)
+    w = compare.random_moe_weights(4, 32, 16, torch.float32, "cpu", g, mxfp4=False)
+    topk_weights, topk_ids = compare.random_routing(3, 4, 2, "cpu", g)
     x = torch.randn(3, 32)
     with pytest.raises(ValueError, match="x must be"):
         fused_moe_reference(torch.randn(3, 16), *w, topk_weights, topk_ids)
@@ -239,7 +240,7 @@ def test_reference_bad_inputs():
         fused_moe_reference(x, *w, topk_weights, topk_ids + 3)
     with pytest.raises(TypeError, match="x's dtype"):
         fused_moe_triton(x.bfloat16(), *w, topk_weights, topk_ids)
-    m = checks.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=True)
+    m = compare.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=True)
     with pytest.raises(ValueError, match="down_scales must be"):
         fused_moe_mxfp4_reference(torch.randn(3, 64), *m[:4], m[4][:, :1], m[5], topk_weights, topk_ids)
     with pytest.raises(ValueError, match="gate_up_blocks must be uint8"):
@@ -267,7 +268,7 @@ DENSE_CASES = [
 @pytest.mark.parametrize("case", DENSE_CASES, ids=lambda c: "T{}-H{}-I{}-E{}-k{}-used{}".format(*c))
 def test_fused_moe_triton(case, dtype):
     num_tokens, hidden, intermediate, num_experts, top_k, num_used = case
-    got, want = checks.check_fused_moe(
+    got, want = compare.check_fused_moe(
         num_tokens, hidden, intermediate, num_experts, top_k, dtype, DEVICE, num_used=num_used, **SMALL_TILES
     )
     assert got.shape == (num_tokens, hidden)
@@ -276,14 +277,14 @@ def test_fused_moe_triton(case, dtype):
 
 def test_fused_moe_triton_fp16_and_own_tiles():
     """fp16, and the launcher's own tile choice (no overrides)."""
-    got, want = checks.check_fused_moe(9, 64, 32, 4, 2, torch.float16, DEVICE)
+    got, want = compare.check_fused_moe(9, 64, 32, 4, 2, torch.float16, DEVICE)
     assert_close(got, want, torch.float16, "fused_moe fp16")
 
 
 def test_gpu_checks_expert_parallel_case():
     """gpu_check's expert-parallel case (7 of 8 slots another rank's, id -1) at a small shape: the
     kernel equals the reference, and rows whose slots are all -1 come out 0."""
-    got, want = checks.check_fused_moe(17, 64, 32, 8, 4, torch.float32, DEVICE, other_ranks=0.875, **SMALL_TILES)
+    got, want = compare.check_fused_moe(17, 64, 32, 8, 4, torch.float32, DEVICE, other_ranks=0.875, **SMALL_TILES)
     assert_close(got, want, torch.float32, "fused_moe expert parallel")
     assert (want == 0).all(dim=1).any(), "some token has every slot on another rank"
     assert torch.equal(got[(want == 0).all(dim=1)], want[(want == 0).all(dim=1)])
@@ -292,8 +293,8 @@ def test_gpu_checks_expert_parallel_case():
 def test_fused_moe_triton_k_contiguous_weights():
     """Weights stored `[E, out, in]` (the checkpoint's orientation) passed as transposed views."""
     g = torch.Generator().manual_seed(5)
-    w_gate_up, b_gate_up, w_down, b_down = checks.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=False)
-    topk_weights, topk_ids = checks.random_routing(7, 4, 2, "cpu", g)
+    w_gate_up, b_gate_up, w_down, b_down = compare.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=False)
+    topk_weights, topk_ids = compare.random_routing(7, 4, 2, "cpu", g)
     x = torch.randn(7, 64, generator=g)
     gate_up_t = w_gate_up.transpose(1, 2).contiguous().transpose(1, 2)
     down_t = w_down.transpose(1, 2).contiguous().transpose(1, 2)
@@ -304,7 +305,7 @@ def test_fused_moe_triton_k_contiguous_weights():
 
 def test_fused_moe_triton_no_tokens():
     g = torch.Generator().manual_seed(0)
-    w = checks.random_moe_weights(4, 32, 16, torch.float32, "cpu", g, mxfp4=False)
+    w = compare.random_moe_weights(4, 32, 16, torch.float32, "cpu", g, mxfp4=False)
     out = fused_moe_triton(torch.zeros(0, 32), *w, torch.zeros(0, 2), torch.zeros(0, 2, dtype=torch.int64))
     assert out.shape == (0, 32)
 
@@ -321,7 +322,7 @@ MXFP4_CASES = [
 @pytest.mark.parametrize("case", MXFP4_CASES, ids=lambda c: "T{}-H{}-I{}-E{}-k{}-used{}".format(*c))
 def test_fused_moe_mxfp4_triton(case, dtype):
     num_tokens, hidden, intermediate, num_experts, top_k, num_used = case
-    got, want = checks.check_fused_moe(
+    got, want = compare.check_fused_moe(
         num_tokens,
         hidden,
         intermediate,
@@ -339,7 +340,7 @@ def test_fused_moe_mxfp4_triton(case, dtype):
 
 def test_fused_moe_mxfp4_triton_wide_k_tile():
     """block_k 128 over K 96 and 160: a partial MXFP4 tile (K masked by whole 32-blocks)."""
-    got, want = checks.check_fused_moe(
+    got, want = compare.check_fused_moe(
         6, 160, 96, 4, 2, torch.bfloat16, DEVICE, mxfp4=True, block_m=16, block_n=64, block_k=128
     )
     assert_close(got, want, torch.bfloat16, "fused_moe mxfp4 block_k=128")
@@ -353,7 +354,7 @@ NO_EXPERT_PATTERNS = ["none", "some", "tokens", "all"]
 def no_expert_routing(num_tokens, num_experts, top_k, pattern, generator):
     """Random routing with slots set to -1: none, some (about 40%), every slot of every third token
     (and some others), or all."""
-    topk_weights, topk_ids = checks.random_routing(num_tokens, num_experts, top_k, "cpu", generator)
+    topk_weights, topk_ids = compare.random_routing(num_tokens, num_experts, top_k, "cpu", generator)
     drop = torch.rand(topk_ids.shape, generator=generator) < (0.4 if pattern == "some" else 0.2)
     if pattern == "tokens":
         drop[::3] = True
@@ -414,7 +415,7 @@ def no_expert_case(variant, dtype, pattern, seed=0):
         dense += (dequantize_fp8(w_down, s_down, 128).transpose(1, 2), None)
         return got, want, valid_slots_loop(x, *dense, *routing, "silu"), topk_ids
     mxfp4 = variant == "mxfp4"
-    weights = checks.random_moe_weights(num_experts, hidden, intermediate, dtype, "cpu", g, mxfp4=mxfp4)
+    weights = compare.random_moe_weights(num_experts, hidden, intermediate, dtype, "cpu", g, mxfp4=mxfp4)
     fp32 = [w if w.dtype == torch.uint8 else w.float() for w in weights]
     if mxfp4:
         got = fused_moe_mxfp4_triton(x, *weights, *routing, config=MXFP4_TILES)
@@ -504,14 +505,14 @@ def test_moe_align_block_size_no_expert_by_hand_and_the_bound():
 @pytest.mark.parametrize("bad", [-2, 4])
 def test_references_refuse_ids_outside_minus_one_to_experts(bad):
     g = torch.Generator().manual_seed(2)
-    topk_weights, topk_ids = checks.random_routing(3, 4, 2, "cpu", g)
+    topk_weights, topk_ids = compare.random_routing(3, 4, 2, "cpu", g)
     topk_ids[1, 0] = bad
     x = torch.randn(3, 64, generator=g)
     message = r"topk_ids must lie in \[-1, 4\)"
-    w = checks.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=False)
+    w = compare.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=False)
     with pytest.raises(ValueError, match=message):
         fused_moe_reference(x, *w, topk_weights, topk_ids)
-    m = checks.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=True)
+    m = compare.random_moe_weights(4, 64, 32, torch.float32, "cpu", g, mxfp4=True)
     with pytest.raises(ValueError, match=message):
         fused_moe_mxfp4_reference(x, *m, topk_weights, topk_ids)
     f = (*quantize_fp8_block(torch.randn(4, 64, 64, generator=g)), *quantize_fp8_block(torch.randn(4, 64, 32)))
@@ -526,7 +527,7 @@ def test_no_expert_blocks_write_zeros_over_garbage_and_read_no_weights():
     num_tokens, hidden, intermediate, num_experts, top_k = NO_EXPERT_DIMS
     g = torch.Generator().manual_seed(7)
     topk_weights, topk_ids = no_expert_routing(num_tokens, num_experts, top_k, "tokens", g)
-    w = checks.random_moe_weights(num_experts, hidden, intermediate, torch.float32, "cpu", g, mxfp4=False)
+    w = compare.random_moe_weights(num_experts, hidden, intermediate, torch.float32, "cpu", g, mxfp4=False)
     w_gate_up, b_gate_up, w_down, b_down = (after_nan(t) for t in w)
     x = torch.randn(num_tokens, hidden, generator=g)
     num_slots = num_tokens * top_k
@@ -573,7 +574,7 @@ def test_deepseek_expert_parallel_ranks_pass_other_ranks_slots_as_minus_one(ops,
         (gate_up, gate_up_scale), (down, down_scale) = quantize_fp8_block(gate_up), quantize_fp8_block(down)
         whole.fp8, whole.gate_up_proj_scale_inv, whole.down_proj_scale_inv = True, gate_up_scale, down_scale
     whole.gate_up_proj.data, whole.down_proj.data = gate_up, down
-    topk_weights, topk_ids = checks.random_routing(9, num_experts, top_k, "cpu", g)
+    topk_weights, topk_ids = compare.random_routing(9, num_experts, top_k, "cpu", g)
     x = torch.randn(9, hidden, generator=g)
     seen = []
 

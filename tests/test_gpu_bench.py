@@ -105,8 +105,8 @@ class Absent(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in {set(REQUIREMENTS_BEYOND_GPU_CHECK)!r}:
             raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
 sys.meta_path.insert(0, Absent())
-import triton.testing, kernels.gpu_check, sut.bench.gpu_check
-assert kernels.gpu_check.main(["--out", {str(tmp_path)!r}]) == 0
+import triton.testing, sut.bench.gpu_check
+assert sut.bench.gpu_check.main(["--out", {str(tmp_path)!r}, "--kernels-only"]) == 0
 sys.exit(sut.bench.gpu_check.main(["--out", {str(tmp_path)!r}]))
 """
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
@@ -126,9 +126,9 @@ def test_tensor_parallel_check_on_gloo_matches_one_process():
 
 
 def test_the_results_page_has_each_half_it_was_given():
-    """kernels/gpu_check.py's page from the kernels' results alone, and from the engine's half too
+    """sut/bench/gpu_report.py's page from the kernels' results alone, and with the engine's too
     (synthetic numbers: the page's layout, which only a GPU run would otherwise reach)."""
-    from kernels.gpu_check import markdown
+    from sut.bench.gpu_report import markdown
 
     row = dict(ok=True, max_abs_err=1e-3, case="c", dtype="bf16", error=None)
     kernels_only = dict(
@@ -211,3 +211,28 @@ def test_step_bench_runs_one_rank_of_a_deepseek_r1_shaped_fp8_model():
         assert bench.block_manager.num_free_blocks == bench.block_manager.num_blocks
     finally:
         bench.close()
+
+
+def test_one_peak_measurement_serves_the_report_and_the_gpu_check():
+    """sut/bench/peaks.py measures for both: the report's (harness/roofline.py: 256 MiB, 2048-square,
+    best of 5) and the GPU check's (its own sizes and timer, here a stub that says each call took 1 ms)."""
+    from harness.roofline import measure_peaks as report_peaks
+    from sut.bench.peaks import data_sheet_peaks, measure_peaks
+
+    timed = []
+
+    def one_ms(fn):
+        timed.append(fn())
+        return 1e-3
+
+    got = measure_peaks("cpu", torch.float32, copy_bytes=4 << 20, matmul_size=64, timer=(one_ms, "a stub"))
+    assert len(timed) == 2 and timed[1].shape == (64, 64)
+    assert got["bandwidth_gbps"] == 2 * (4 << 20) / 1e-3 / 1e9 and got["flops_tflops"] == 2 * 64**3 / 1e-3 / 1e12
+    assert got["method"].startswith("a 4 MiB copy (read + write) and a 64-square float32 matrix product, a stub")
+    report = report_peaks()
+    assert report.keys() == got.keys() and report["device"] == "cpu"
+    assert report["method"].startswith(
+        "a 256 MiB copy (read + write) and a 2048-square float32 matrix product, best of 5"
+    )
+    assert data_sheet_peaks("NVIDIA H100 80GB HBM3") == (3350, 989) and data_sheet_peaks("NVIDIA H100 NVL")[0] == 3900
+    assert data_sheet_peaks("a CPU") == (None, None)

@@ -18,8 +18,8 @@ import torch
 if not torch.cuda.is_available():  # before any kernel module is imported (tests/conftest.py does the same)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from kernels import checks  # noqa: E402
 from kernels.attention import AttentionMetadata, paged_attention, paged_attention_triton  # noqa: E402
+from kernels.checks import compare  # noqa: E402
 from kernels.decode_attention import decode_attention_triton  # noqa: E402
 from kernels.kv_cache import store_kvcache_reference, store_kvcache_triton  # noqa: E402
 from kernels.prefill_attention import prefill_attention_triton  # noqa: E402
@@ -116,7 +116,7 @@ class Step:
 
     def check(self, got: torch.Tensor, what: str) -> None:
         assert got.shape == (len(self.q), self.q.shape[1], self.d_v), f"{what}: shape {list(got.shape)}"
-        checks.assert_close(got.float().cpu(), self.brute_force().float(), self.dtype, what)
+        compare.assert_close(got.float().cpu(), self.brute_force().float(), self.dtype, what)
 
 
 def decode_step(shape, context_lens, block_size, dtype, **kwargs) -> Step:
@@ -369,9 +369,9 @@ def test_absorbed_attention_equals_decompressed():
 def test_store_kvcache_keys_only_and_own_value_dims(dtype):
     """Absorbed: one 80- or 576-dim entry a token and no values (the V cache is the K cache's
     view); decompressed: 48- and 32-dim (192 and 128) keys and values in caches of their own. Both
-    implementations against each other (`checks.check_store_kvcache`) and against plain indexing."""
+    implementations against each other (`compare.check_store_kvcache`) and against plain indexing."""
     for head_dim, v_head_dim, keys_only, kv_heads in ((80, 64, True, 1), (576, 512, True, 1), (48, 32, False, 2)):
-        got, want = checks.check_store_kvcache(
+        got, want = compare.check_store_kvcache(
             11, kv_heads, head_dim, 4, dtype, DEVICE, v_head_dim=v_head_dim, keys_only=keys_only
         )
         assert torch.equal(got, want), f"store {head_dim}/{v_head_dim} keys_only={keys_only}"

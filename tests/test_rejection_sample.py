@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import kernels.rejection_sample as rs
-from kernels import checks
+from kernels.checks import compare
 from kernels.rejection_sample import rejection_sample_reference, rejection_sample_triton
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -50,7 +50,7 @@ def test_kernel_equals_reference_on_random_batches(with_draft_probs):
     emitted = []
     for seed in range(2):
         num_drafts, greedy = batch_shape(seed)
-        args = checks.random_rejection_batch(
+        args = compare.random_rejection_batch(
             num_drafts, greedy, 50, with_draft_probs, DEVICE, torch.Generator().manual_seed(seed)
         )
         before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
@@ -68,7 +68,7 @@ def test_kernel_equals_reference_on_random_batches(with_draft_probs):
 def test_kernel_equals_reference_on_plain_softmax_probs():
     num_drafts, greedy = batch_shape(2)
     for with_draft_probs in (True, False):
-        got, want = checks.check_rejection_sample(
+        got, want = compare.check_rejection_sample(
             num_drafts, greedy, 50, with_draft_probs, DEVICE, seed=2, exact_sums=False, block_v=16
         )
         assert torch.equal(got, want)
@@ -284,11 +284,11 @@ def join_sequences(seqs: list[dict], max_num_draft: int) -> dict:
 
 def test_a_sequence_gets_the_same_tokens_in_any_batch():
     num_drafts, greedy = batch_shape(3, num_seqs=8)
-    args = checks.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE, torch.Generator().manual_seed(3))
+    args = compare.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE, torch.Generator().manual_seed(3))
     out = both(args, block_v=16)
     assert torch.equal(rejection_sample_triton(**args, block_v=16).cpu(), out)  # same uniforms, same tokens
     others = split_sequences(
-        checks.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE, torch.Generator().manual_seed(4))
+        compare.random_rejection_batch(num_drafts, greedy, 50, True, DEVICE, torch.Generator().manual_seed(4))
     )
     seqs = split_sequences(args)
     order = [5, 0, 7, 2]

@@ -1,7 +1,7 @@
-"""Every Triton kernel against its PyTorch reference (kernels/checks.py), in Triton's interpreter
+"""Every Triton kernel against its PyTorch reference (kernels/compare.py), in Triton's interpreter
 on CPU (tests/conftest.py sets TRITON_INTERPRET=1 before anything imports a kernel; on a CUDA
 machine they run compiled on the GPU). Shapes are small: the interpreter runs each program in
-Python. Tolerances per dtype are `kernels.checks.TOLERANCES`: fp32 1e-4; fp16 2e-3; bf16 2e-2
+Python. Tolerances per dtype are `kernels.checks.compare.TOLERANCES`: fp32 1e-4; fp16 2e-3; bf16 2e-2
 (absolute and relative), the last because the interpreter rounds fp32 to bf16 toward zero."""
 
 import ast
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels import checks
-from kernels.checks import assert_close, ragged_lengths
+from kernels.checks import compare
+from kernels.checks.compare import assert_close, ragged_lengths
 from kernels.decode_attention import choose_num_splits, decode_attention_reference
 from kernels.prefill_attention import prefill_attention_reference
 
@@ -39,13 +39,13 @@ def test_decode_attention_ragged_gqa(dtype, gqa):
     block_size = block_size_for(gqa, dtype)
     lens = ragged_lengths(block_size)
     for num_splits in (1, 4):  # one pass, and split-K with the reduction kernel
-        got, want = checks.check_decode_attention(lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, num_splits)
+        got, want = compare.check_decode_attention(lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, num_splits)
         assert_close(got, want, dtype, f"decode gqa={gqa} block_size={block_size} splits={num_splits}")
 
 
 @pytest.mark.parametrize("block_size", BLOCK_SIZES)
 def test_decode_attention_head_dim_128(block_size):
-    got, want = checks.check_decode_attention(
+    got, want = compare.check_decode_attention(
         ragged_lengths(block_size), 8, 2, 128, block_size, torch.bfloat16, DEVICE, num_splits=2
     )
     assert_close(got, want, torch.bfloat16, f"decode head_dim=128 block_size={block_size}")
@@ -54,12 +54,12 @@ def test_decode_attention_head_dim_128(block_size):
 def test_decode_attention_empty_splits_give_no_nan():
     """Contexts far shorter than the splits: most splits see only masked keys (their partial
     results are empty and must weigh nothing), and the padded head rows of the tile too."""
-    got, want = checks.check_decode_attention([1, 2, 3], 2, 2, 64, 16, torch.float32, DEVICE, num_splits=16)
+    got, want = compare.check_decode_attention([1, 2, 3], 2, 2, 64, 16, torch.float32, DEVICE, num_splits=16)
     assert_close(got, want, torch.float32, "decode with empty splits")
 
 
 def test_decode_attention_chooses_splits_itself():
-    got, want = checks.check_decode_attention([700, 5], 8, 2, 64, 16, torch.float16, DEVICE)
+    got, want = compare.check_decode_attention([700, 5], 8, 2, 64, 16, torch.float16, DEVICE)
     assert_close(got, want, torch.float16, "decode with chosen splits")
     cpu = torch.device("cpu")
     assert choose_num_splits(256, 8, 8192, cpu) == 1  # a big batch fills the GPU by itself
@@ -92,7 +92,7 @@ def test_prefill_attention_varlen_chunked(dtype, gqa):
     query_lens, seq_lens = prefill_batch(block_size)
     # 32-row tiles: a few query tokens already span several tiles, and with 16-key steps the
     # first rows of a tile meet key steps that are entirely masked for them.
-    got, want = checks.check_prefill_attention(
+    got, want = compare.check_prefill_attention(
         query_lens, seq_lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, block_m=32, block_n=16
     )
     assert_close(got, want, dtype, f"prefill gqa={gqa} block_size={block_size}")
@@ -101,7 +101,7 @@ def test_prefill_attention_varlen_chunked(dtype, gqa):
 @pytest.mark.parametrize("block_size", [16, 128])
 def test_prefill_attention_head_dim_128_default_tiles(block_size):
     query_lens, seq_lens = [40, 3, 1], [40, 3 + 2 * block_size, 130]
-    got, want = checks.check_prefill_attention(query_lens, seq_lens, 8, 2, 128, block_size, torch.bfloat16, DEVICE)
+    got, want = compare.check_prefill_attention(query_lens, seq_lens, 8, 2, 128, block_size, torch.bfloat16, DEVICE)
     assert_close(got, want, torch.bfloat16, f"prefill head_dim=128 block_size={block_size}")
 
 
@@ -116,7 +116,7 @@ def test_mixed_step_splits_rows_by_kind(gqa, head_dim):
     block_size = 16
     query_lens = [1, 1, 1, 1, 4, 9, 21, 1]
     seq_lens = [2, 17, 600, 33, 40, 9 + 2 * block_size, 21, 50]
-    got, want, num_decodes = checks.check_mixed_step_attention(
+    got, want, num_decodes = compare.check_mixed_step_attention(
         query_lens, seq_lens, 2 * gqa, 2, head_dim, block_size, torch.bfloat16, DEVICE
     )
     assert num_decodes == 4
@@ -126,13 +126,13 @@ def test_mixed_step_splits_rows_by_kind(gqa, head_dim):
 @pytest.mark.parametrize("query_lens, num_decodes", [([1, 1, 1], 3), ([3, 1, 1], 0), ([1, 2], 1)])
 def test_mixed_step_all_decodes_or_none_leading(query_lens, num_decodes):
     seq_lens = [q + 20 for q in query_lens]
-    got, want, found = checks.check_mixed_step_attention(query_lens, seq_lens, 4, 1, 64, 8, torch.float32, DEVICE)
+    got, want, found = compare.check_mixed_step_attention(query_lens, seq_lens, 4, 1, 64, 8, torch.float32, DEVICE)
     assert found == num_decodes
     assert_close(got, want, torch.float32, f"step {query_lens}")
 
 
 # gpt-oss: attention sinks and a sliding window. With a window, the checks free the blocks before
-# each sequence's window (kernels.checks.free_blocks_before_window): NaN-filled, half their table
+# each sequence's window (kernels.checks.compare.free_blocks_before_window): NaN-filled, half their table
 # entries pointing at arbitrary blocks, so a kernel that reads any of them fails.
 
 # (sinks, sliding_window): sinks alone; a window alone and with sinks, of 13 keys (no multiple of
@@ -155,7 +155,7 @@ def test_decode_attention_sinks_and_window(dtype, gqa):
     for sinks, window in SINK_WINDOW_CASES + [(True, block_size + 3)]:
         # Split-K where it has keys to split: not for a one-key window, or one as wide as none.
         for num_splits in (1, 4) if window not in (1, 1000) else (1,):
-            got, want = checks.check_decode_attention(
+            got, want = compare.check_decode_attention(
                 lens, 2 * gqa, 2, 64, block_size, dtype, DEVICE, num_splits, sinks=sinks, sliding_window=window
             )
             case = f"decode gqa={gqa} block_size={block_size} sinks={sinks} window={window} splits={num_splits}"
@@ -167,7 +167,7 @@ def test_decode_attention_split_k_carries_the_sink_once(window):
     """Several splits hold keys (4 or 8 of them over 300 and 700 tokens, or over a 200-key window),
     others none (contexts of 1 and 2): the sink must count once, in split 0."""
     for num_splits in (4, 8):
-        got, want = checks.check_decode_attention(
+        got, want = compare.check_decode_attention(
             [1, 2, 300, 700], 8, 2, 64, 16, torch.float32, DEVICE, num_splits, sinks=True, sliding_window=window
         )
         assert_close(got, want, torch.float32, f"decode split-K splits={num_splits} window={window}")
@@ -184,7 +184,7 @@ def test_prefill_attention_sinks_and_window(dtype, gqa):
     query_lens, seq_lens = prefill_batch(block_size)
     query_lens, seq_lens = query_lens + [5], seq_lens + [6 * block_size + 5]
     for sinks, window in SINK_WINDOW_CASES:
-        got, want = checks.check_prefill_attention(
+        got, want = compare.check_prefill_attention(
             query_lens,
             seq_lens,
             2 * gqa,
@@ -206,7 +206,7 @@ def test_prefill_attention_sinks_and_window_default_tiles(dtype):
     """gpt-oss's heads (GQA 8, head_dim 64) on the GPU's tiles (128 rows: 16 tokens; 64-key steps)
     with its 128-key window: a 300-token prompt, and chunks after 200 and 1000 cached tokens."""
     query_lens, seq_lens = [300, 40, 7], [300, 240, 1007]
-    got, want = checks.check_prefill_attention(
+    got, want = compare.check_prefill_attention(
         query_lens, seq_lens, 16, 2, 64, 16, dtype, DEVICE, sinks=True, sliding_window=128
     )
     assert_close(got, want, dtype, "prefill gpt-oss tiles, window 128")
@@ -219,7 +219,7 @@ def test_mixed_step_sinks_and_window(sinks, window, dtype):
     rows through paged_attention_triton, which passes both extras to both kernels."""
     query_lens = [1, 1, 1, 1, 4, 9, 21, 1]
     seq_lens = [2, 17, 600, 33, 40, 41, 21, 50]
-    got, want, num_decodes = checks.check_mixed_step_attention(
+    got, want, num_decodes = compare.check_mixed_step_attention(
         query_lens, seq_lens, 16, 2, 64, 16, dtype, DEVICE, sinks=sinks, sliding_window=window
     )
     assert num_decodes == 4
@@ -272,21 +272,21 @@ def test_attention_references_match_transformers_gpt_oss():
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("block_size", [8, 128])
 def test_store_kvcache(dtype, block_size):
-    got, want = checks.check_store_kvcache(20, 2, 64, block_size, dtype, DEVICE)
+    got, want = compare.check_store_kvcache(20, 2, 64, block_size, dtype, DEVICE)
     assert torch.equal(got, want)  # a copy: exact
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("with_residual", [False, True])
 def test_rms_norm(dtype, with_residual):
-    got, want = checks.check_rms_norm(6, 96, dtype, DEVICE, with_residual)  # 96: a row narrower than its block
+    got, want = compare.check_rms_norm(6, 96, dtype, DEVICE, with_residual)  # 96: a row narrower than its block
     assert_close(got, want, dtype, f"rms_norm residual={with_residual}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gqa", [1, 4])
 def test_rotary(dtype, gqa):
-    got, want = checks.check_rotary(5, 3 * gqa, 3, 64, dtype, DEVICE)  # 3 KV heads: a padded head tile
+    got, want = compare.check_rotary(5, 3 * gqa, 3, 64, dtype, DEVICE)  # 3 KV heads: a padded head tile
     assert_close(got, want, dtype, f"rotary gqa={gqa}")
 
 
@@ -321,7 +321,7 @@ def test_rotary_with_llama31_scaled_table(dtype):
     rotary = RotaryEmbedding(config, "cpu")
     positions = torch.tensor([0, 1, 2047, 4096, 8191])
     cos, sin = rotary(positions, torch.float32)
-    got, want = checks.check_rotary(5, 4, 2, 128, dtype, DEVICE, cos=cos, sin=sin)
+    got, want = compare.check_rotary(5, 4, 2, 128, dtype, DEVICE, cos=cos, sin=sin)
     assert_close(got, want, dtype, "rotary with the Llama 3.1 table")
 
 
@@ -431,7 +431,7 @@ def triton_kernels_defined_in_kernels() -> set[str]:
 
 
 def test_gpu_check_covers_every_triton_kernel():
-    from kernels.gpu_check import CHECKS
+    from kernels.checks.gpu_cases import CHECKS
 
     covered = {kernel.fn.__name__ for _, _, kernels in CHECKS for kernel in kernels}
     defined = triton_kernels_defined_in_kernels()

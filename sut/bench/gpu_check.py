@@ -1,99 +1,105 @@
-"""`make gpu-check`, the engine's half: kernels/gpu_check.py's checks and benchmarks, then tensor
-parallelism against one process (where there are two GPUs) and the engine's own steps on a
-Llama-3.1-8B-shaped model with random weights (sut/bench/gpu_steps.py: decode at batch 1, 32, 128,
-256 and a mixed step, eager and from CUDA graphs, against the weight-plus-KV roofline), then on a
-gpt-oss-120b-shaped one with random MXFP4 experts, and on rank 0's share of a DeepSeek-R1-shaped one
-at TP/EP 8 with random FP8 weights, in the same results.json and results.md. Without
-a GPU it says so and exits 0.
+"""`make gpu-check`: on a CUDA machine, compile and test every Triton kernel against its PyTorch
+reference, then benchmark the kernels and the engine's steps against the card's measured peaks, and
+write results.json and results.md to --out. Without a GPU it says so and exits 0.
 
-    python3 -m sut.bench.gpu_check --out build/gpu-check
+    python3 -m sut.bench.gpu_check --out build/gpu-check                  # make gpu-check
+    python3 -m sut.bench.gpu_check --out build/gpu-check --kernels-only   # the kernels alone
 
-Like the kernels' half it needs torch, Triton and numpy alone, so it runs on a lent GPU machine as
-it is.
+In order, each job in its own module: the kernels' correctness checks (kernels/checks/gpu_cases.py:
+every kernel against its reference at the served shapes, the rejection sampler's token ids exactly);
+the card's copy bandwidth and dense bf16 GEMM rate (sut/bench/peaks.py, the measurement the report's
+hardware bound uses too); the kernels' benchmarks against those (kernels/checks/gpu_bench.py:
+decode and prefill attention against torch's scaled_dot_product_attention, gpt-oss's attention and
+MoE, DeepSeek's MLA; kernels/checks/fp8.py: the FP8 kernels); then, unless --kernels-only, tensor
+parallelism against one process (where there are two GPUs) and the engine's own steps on models of
+Llama-3.1-8B's, gpt-oss-120b's and (rank 0's share at TP/EP 8) DeepSeek-R1's shape with random
+weights (sut/bench/gpu_steps.py: decode and a mixed step, eager and from CUDA graphs, against the
+weight-plus-KV roofline); last the page (sut/bench/gpu_report.py).
+
+It needs torch, Triton and numpy alone (any recent versions; nothing else from requirements.txt),
+so it runs on a lent GPU machine as it is, with no network and no `make setup`.
 """
 
+import argparse
 import sys
+import time
+from pathlib import Path
 
 import torch
 
-from kernels import gpu_check
-from sut.bench.gpu_steps import DEEPSEEK_R1, GPT_OSS_120B, LLAMA_31_8B, StepBench, tensor_parallel_check
+from kernels.checks.fp8 import fp8_benchmarks
+from kernels.checks.gpu_bench import bench_decode, bench_mla, bench_moe, bench_prefill, bench_sinks_window, time_ms
+from kernels.checks.gpu_cases import CHECKS
+from sut.bench.gpu_report import write_results
+from sut.bench.gpu_steps import ENGINE_MODELS, bench_engine, check_tensor_parallel
+from sut.bench.peaks import data_sheet_peaks, measure_peaks
 
-# The engine's steps (sut/bench/gpu_steps.py), decodes over ~1k-token contexts and one mixed step of a
-# prefill chunk beside decodes, per model: (its shape, what it is, decode batches, (decodes, chunk) mixed).
-# DeepSeek-R1: rank 0's share of TP/EP 8 (the whole model fits no one GPU), eager (the engine refuses
-# CUDA graphs with tensor parallelism).
-ENGINE_CONTEXT = 1024
-ENGINE_MODELS = {
-    "llama3.1-8b": (LLAMA_31_8B, "random bf16 weights", [1, 32, 128, 256], (256, 2048), {}),
-    "gpt-oss-120b": (GPT_OSS_120B, "random MXFP4 experts, about 61 GB", [1, 64, 256], (64, 2048), {}),
-    "deepseek-r1": (
-        DEEPSEEK_R1,
-        "random FP8 block-scaled weights, one rank's share of TP/EP 8 (about 85 GB), its collectives not timed",
-        [1, 16, 64],
-        (64, 2048),
-        dict(one_rank_of=8, cuda_graphs=False),
-    ),
-}
+# The card's peaks as the GPU check measures them (sut/bench/peaks.py): a 2 GiB copy and an
+# 8192-square bf16 product, timed as the kernels are.
+PEAK_COPY_BYTES = 2**31
+PEAK_MATMUL_SIZE = 8192
 
 
-def bench_engine(device, peak_gbps, model: str) -> list[dict]:
-    """Each step eager and from CUDA graphs where the model takes them (the mixed step runs eagerly
-    either way)."""
-    raw, what, batches, (decodes, prefill), options = ENGINE_MODELS[model]
-    options = dict(cuda_graphs=True) | options
-    print(f"  engine steps: a {model}-shaped model with {what}", flush=True)
-    bench = StepBench(
-        raw,
-        device,
-        max_num_seqs=max(batches),
-        max_model_len=2 * prefill,
-        max_tokens=max(batches) * ENGINE_CONTEXT + 2 * prefill,
-        **options,
+def arguments(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="build/gpu-check", help="folder for results.json and results.md")
+    parser.add_argument("--skip-bench", action="store_true", help="correctness checks only")
+    parser.add_argument(
+        "--kernels-only", action="store_true", help="the kernels' checks and benchmarks alone: no engine steps"
     )
-    graphs = bench.runner.graphs
-    rows = []
-    try:
-        for mode in ("eager", "CUDA graphs") if graphs else ("eager",):
-            bench.runner.graphs = graphs if mode == "CUDA graphs" else None
-            for batch in batches:
-                print(f"  {model} decode step, batch {batch}, {mode}", flush=True)
-                rows.append(bench.measure(batch, ENGINE_CONTEXT))
-            if mode == "eager":
-                print(f"  {model} mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
-                rows.append(bench.measure(decodes, ENGINE_CONTEXT, prefill=prefill))
-    finally:
-        bench.close()
-    for row in rows:
-        row["model"] = model
-        row["weight_bytes"] = bench.weight_bytes + bench.expert_bytes
-        row["peak_ratio"] = row["gbps"] / peak_gbps if peak_gbps else None
-        row["host_share"] = row["host_ms"] / row["gpu_ms"]
-    del bench, graphs
-    torch.cuda.empty_cache()
-    return rows
+    return parser.parse_args(argv)
 
 
-def check_tensor_parallel() -> dict:
-    """TP=2 against one process on two of the GPUs (sut/bench/gpu_steps.py: a two-layer model of
-    Llama-3.1-8B's width, fp32, random weights), where there is more than one GPU."""
-    count = torch.cuda.device_count()
-    if count < 2:
-        print(f"  tensor parallel: {count} GPU here, so no TP=2 check", flush=True)
-        return dict(skipped=f"{count} GPU")
-    try:
-        result = tensor_parallel_check({**LLAMA_31_8B, "num_hidden_layers": 2, "dtype": "float32"}, "cuda")
-    except Exception as e:  # noqa: BLE001 - reported in the results
-        return dict(ok=False, error=f"{type(e).__name__}: {e}")
-    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(
-        1.0, result["logit_scale"]
-    )
+def run_kernels(device, skip_bench: bool) -> dict:
+    """The kernels' checks against their references, then (unless `skip_bench`) the measured peaks
+    and the attention benchmarks: the results, as results.json holds them."""
+    name = torch.cuda.get_device_name(device)
+    peak_gbps, peak_tflops = data_sheet_peaks(name)
+    import triton
+
+    software = f"torch {torch.__version__}, Triton {triton.__version__}, Python {sys.version.split()[0]}"
     print(
-        f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
-        f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})",
+        f"gpu-check on {name} ({software}): data sheet {peak_gbps or '?'} GB/s, {peak_tflops or '?'} dense bf16 "
+        "TFLOP/s",
         flush=True,
     )
-    return result
+    results = dict(
+        device=name,
+        software=software,
+        peak_gbps=peak_gbps,
+        peak_tflops=peak_tflops,
+        measured_gbps=None,
+        measured_tflops=None,
+        checks={},
+        decode=[],
+        prefill=[],
+    )
+    for what, run, _ in CHECKS:
+        t = time.time()
+        rows = run(device)
+        results["checks"][what] = rows
+        failed = sum(not r["ok"] for r in rows)
+        print(f"  {what}: {len(rows) - failed}/{len(rows)} cases match the reference ({time.time() - t:.0f} s)")
+    if not skip_bench:
+        peaks = measure_peaks(
+            str(device),
+            torch.bfloat16,
+            copy_bytes=PEAK_COPY_BYTES,
+            matmul_size=PEAK_MATMUL_SIZE,
+            timer=(lambda fn: time_ms(fn) / 1e3, "Triton's do_bench"),
+        )
+        gbps, tflops = results["measured_gbps"], results["measured_tflops"] = (
+            peaks["bandwidth_gbps"],
+            peaks["flops_tflops"],
+        )
+        print(f"  measured: copy {gbps:.0f} GB/s, dense bf16 GEMM {tflops:.0f} TFLOP/s", flush=True)
+        results["decode"] = bench_decode(device, gbps)
+        results["prefill"] = bench_prefill(device, tflops)
+        results["gpt_oss_attention"] = bench_sinks_window(device, gbps, tflops)
+        results["mla_attention"] = bench_mla(device, gbps, tflops)
+        results["moe"] = bench_moe(device, gbps, tflops)
+        results["fp8"] = fp8_benchmarks(device)
+    return results
 
 
 def add_engine_results(results: dict, device, skip_bench: bool) -> None:
@@ -109,7 +115,16 @@ def add_engine_results(results: dict, device, skip_bench: bool) -> None:
 
 
 def main(argv=None) -> int:
-    return gpu_check.main(argv, more=add_engine_results)
+    args = arguments(argv)
+    if not torch.cuda.is_available():
+        print("gpu-check: no CUDA GPU on this machine (torch.cuda.is_available() is False); nothing checked.")
+        return 0
+    start = time.time()
+    device = torch.device("cuda")
+    results = run_kernels(device, args.skip_bench)
+    if not args.kernels_only:
+        add_engine_results(results, device, args.skip_bench)
+    return write_results(results, Path(args.out), start)
 
 
 if __name__ == "__main__":

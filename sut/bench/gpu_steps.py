@@ -5,9 +5,11 @@ tokens, and one mixed step of a prefill chunk beside decodes. For each: the GPU 
 around the forward), the host time (the step input's preparation and the forward's launches, what
 sits on the critical path when the host is slower than the GPU), tokens/s, and the bytes the step
 must read (weights, plus the K/V of every context) per second of GPU time against the card's
-bandwidth: gpt-fast's roofline. kernels/gpu_check.py runs it on a GPU; the tests run it on a tiny
-shape on CPU, where both times are wall-clock. `tensor_parallel_check` runs a random model over two
-ranks against one process (gpu_check, where there is more than one GPU; the tests, on gloo)."""
+bandwidth: gpt-fast's roofline. The GPU check (sut/bench/gpu_check.py) runs it on a GPU at the
+shapes of `ENGINE_MODELS` (`bench_engine`, below), also gpt-oss-120b's and DeepSeek-R1's; the tests
+run it on a tiny shape on CPU, where both times are wall-clock. `tensor_parallel_check` runs a
+random model over two ranks against one process (the GPU check's `check_tensor_parallel`, where
+there is more than one GPU; the tests, on gloo)."""
 
 import multiprocessing as mp
 import queue
@@ -317,3 +319,80 @@ def _compare(whole: ModelRunner, tp: ModelRunner, vocab: int, steps: int) -> dic
         starts = [s + len(t) for s, t in zip(starts, tokens)]
         tokens = [[t] for t in want.argmax(-1).tolist()]
     return dict(size=tp.shard.size, steps=steps, max_abs_logit_diff=worst, logit_scale=scale, greedy_tokens_agree=agree)
+
+
+# The GPU check's engine steps (sut/bench/gpu_check.py), decodes over ~1k-token contexts and one
+# mixed step of a prefill chunk beside decodes, per model: (its shape, what it is, decode batches,
+# (decodes, chunk) mixed). DeepSeek-R1: rank 0's share of TP/EP 8 (the whole model fits no one GPU),
+# eager (the engine refuses CUDA graphs with tensor parallelism).
+ENGINE_CONTEXT = 1024
+ENGINE_MODELS = {
+    "llama3.1-8b": (LLAMA_31_8B, "random bf16 weights", [1, 32, 128, 256], (256, 2048), {}),
+    "gpt-oss-120b": (GPT_OSS_120B, "random MXFP4 experts, about 61 GB", [1, 64, 256], (64, 2048), {}),
+    "deepseek-r1": (
+        DEEPSEEK_R1,
+        "random FP8 block-scaled weights, one rank's share of TP/EP 8 (about 85 GB), its collectives not timed",
+        [1, 16, 64],
+        (64, 2048),
+        dict(one_rank_of=8, cuda_graphs=False),
+    ),
+}
+
+
+def bench_engine(device, peak_gbps, model: str) -> list[dict]:
+    """Each step eager and from CUDA graphs where the model takes them (the mixed step runs eagerly
+    either way)."""
+    raw, what, batches, (decodes, prefill), options = ENGINE_MODELS[model]
+    options = dict(cuda_graphs=True) | options
+    print(f"  engine steps: a {model}-shaped model with {what}", flush=True)
+    bench = StepBench(
+        raw,
+        device,
+        max_num_seqs=max(batches),
+        max_model_len=2 * prefill,
+        max_tokens=max(batches) * ENGINE_CONTEXT + 2 * prefill,
+        **options,
+    )
+    graphs = bench.runner.graphs
+    rows = []
+    try:
+        for mode in ("eager", "CUDA graphs") if graphs else ("eager",):
+            bench.runner.graphs = graphs if mode == "CUDA graphs" else None
+            for batch in batches:
+                print(f"  {model} decode step, batch {batch}, {mode}", flush=True)
+                rows.append(bench.measure(batch, ENGINE_CONTEXT))
+            if mode == "eager":
+                print(f"  {model} mixed step: {prefill} prefill tokens + {decodes} decodes", flush=True)
+                rows.append(bench.measure(decodes, ENGINE_CONTEXT, prefill=prefill))
+    finally:
+        bench.close()
+    for row in rows:
+        row["model"] = model
+        row["weight_bytes"] = bench.weight_bytes + bench.expert_bytes
+        row["peak_ratio"] = row["gbps"] / peak_gbps if peak_gbps else None
+        row["host_share"] = row["host_ms"] / row["gpu_ms"]
+    del bench, graphs
+    torch.cuda.empty_cache()
+    return rows
+
+
+def check_tensor_parallel() -> dict:
+    """TP=2 against one process on two of the GPUs (`tensor_parallel_check`: a two-layer model of
+    Llama-3.1-8B's width, fp32, random weights), where there is more than one GPU."""
+    count = torch.cuda.device_count()
+    if count < 2:
+        print(f"  tensor parallel: {count} GPU here, so no TP=2 check", flush=True)
+        return dict(skipped=f"{count} GPU")
+    try:
+        result = tensor_parallel_check({**LLAMA_31_8B, "num_hidden_layers": 2, "dtype": "float32"}, "cuda")
+    except Exception as e:  # noqa: BLE001 - reported in the results
+        return dict(ok=False, error=f"{type(e).__name__}: {e}")
+    result["ok"] = result["greedy_tokens_agree"] and result["max_abs_logit_diff"] <= 1e-3 * max(
+        1.0, result["logit_scale"]
+    )
+    print(
+        f"  tensor parallel: TP=2 {'matches' if result['ok'] else 'DIFFERS from'} one process (largest logit "
+        f"difference {result['max_abs_logit_diff']:.2e} of {result['logit_scale']:.2f})",
+        flush=True,
+    )
+    return result

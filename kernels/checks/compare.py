@@ -1,5 +1,6 @@
 """Each Triton kernel against its PyTorch reference on random inputs: shared by the tests (CPU,
-Triton's interpreter, small shapes) and `python -m kernels.gpu_check` (CUDA, larger shapes).
+Triton's interpreter, small shapes), tests/compile_for_gpu.py and the GPU check (CUDA, the served
+shapes: kernels/checks/gpu_cases.py and fp8.py, each case a row by `run_case`).
 
 Every `check_*` returns `(got, want)` in fp32: `got` from the kernel on inputs of the given dtype,
 `want` from the reference on fp32 copies of the same (already rounded) inputs, so the difference is
@@ -42,6 +43,20 @@ def assert_close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype, what
     atol, rtol = TOLERANCES[dtype]
     assert not got.isnan().any(), f"{what}: NaN in the kernel's output"
     torch.testing.assert_close(got, want, atol=atol, rtol=rtol, msg=lambda m: f"{what} ({dtype}): {m}")
+
+
+def run_case(case: str, dtype: torch.dtype, check) -> dict:
+    """One case as a row of the GPU check's results: `check()` returns (got, want); a compile or
+    launch error fails the case, not the run."""
+    result = dict(case=case, dtype=str(dtype).removeprefix("torch."), ok=False, max_abs_err=None, error="")
+    try:
+        got, want = check()
+        result["max_abs_err"] = float((got - want).abs().max()) if got.numel() else 0.0
+        assert_close(got, want, dtype, case)
+        result["ok"] = True
+    except Exception as e:  # noqa: BLE001 - reported in the results, with the case
+        result["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return result
 
 
 def _randn(generator: torch.Generator, *shape, dtype: torch.dtype, device) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """The FP8 kernels on a GPU at the shapes they serve: correctness against the PyTorch references
-(`fp8_cases`) and speed (`fp8_benchmarks`), each returning plain dicts for kernels/gpu_check.py.
+(`fp8_cases`) and speed (`fp8_benchmarks`), each returning plain dicts for the GPU check
+(sut/bench/gpu_check.py).
 
 Shapes. DeepSeek-R1 (block-scaled, 128 x 128): q_a_proj 7168 -> 1536, kv_a_proj_with_mqa 7168 -> 576,
 o_proj 16384 -> 7168 (one GPU: 128 heads x 128), and its routed experts (256, top-8; gate_up
@@ -7,9 +8,10 @@ o_proj 16384 -> 7168 (one GPU: 128 heads x 128), and its routed experts (256, to
 Llama-3.1-8B (per output channel, as the engine's `quantization: fp8` makes them): qkv
 4096 -> 6144, gate_up 4096 -> 28672, down 14336 -> 4096, at 1, 32 and 512 tokens.
 
-A case follows kernels/checks.py's convention: the kernel on inputs of the dtype, the reference in
-fp32 on the same (already rounded) inputs, compared at `checks.TOLERANCES`. `scale` divides every
-size (dims, tokens, experts) for a quick run, e.g. in Triton's interpreter on CPU (the tests).
+A case follows kernels/checks/compare.py's convention: the kernel on inputs of the dtype, the
+reference in fp32 on the same (already rounded) inputs, compared at `compare.TOLERANCES`. `scale`
+divides every size (dims, tokens, experts) for a quick run, e.g. in Triton's interpreter on CPU (the
+tests).
 """
 
 import math
@@ -17,7 +19,7 @@ import time
 
 import torch
 
-from kernels.checks import assert_close
+from kernels.checks.compare import run_case
 from kernels.fp8 import (
     FP8_BLOCK,
     FP8_DTYPE,
@@ -48,19 +50,6 @@ L2_FLUSH_BYTES = 256 << 20  # weights cycled through per benchmark, so no timed 
 
 def _scaled(n: int, scale: int) -> int:
     return max(1, n // scale)
-
-
-def _case_row(case: str, dtype: torch.dtype, check) -> dict:
-    """One case: `check()` returns (got, want) in fp32; any error fails the case, not the run."""
-    row = dict(case=case, dtype=str(dtype).removeprefix("torch."), ok=False, max_abs_err=None, error="")
-    try:
-        got, want = check()
-        row["max_abs_err"] = float((got - want).abs().max()) if got.numel() else 0.0
-        assert_close(got, want, dtype, case)
-        row["ok"] = True
-    except Exception as e:  # noqa: BLE001 - reported in the row, with the case
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-    return row
 
 
 def random_fp8_weight(n: int, k: int, block: int | None, device, generator: torch.Generator):
@@ -126,7 +115,7 @@ def fp8_cases(device="cuda", scale: int = 1) -> list[dict]:
                 got = fp8_linear_triton(x, w_fp8, w_scale, bias, block)
                 return got.float(), fp8_linear_reference(x.float(), w_fp8, w_scale, bias, block)
 
-            rows.append(_case_row(f"fp8_linear {name} ({kind}) M={m}", dtype, check))
+            rows.append(run_case(f"fp8_linear {name} ({kind}) M={m}", dtype, check))
         del w_fp8, w_scale
         _empty_cache(device)
     hidden, intermediate, num_experts, top_k, tokens = moe_shape(scale)
@@ -142,7 +131,7 @@ def fp8_cases(device="cuda", scale: int = 1) -> list[dict]:
             return got.float(), fused_moe_fp8_reference(x.float(), *weights, topk_weights, topk_ids)
 
         what = f"fused_moe_fp8 DeepSeek experts (H={hidden}, I={intermediate}, {num_experts} experts top-{top_k})"
-        rows.append(_case_row(f"{what} T={num_tokens}", dtype, check))
+        rows.append(run_case(f"{what} T={num_tokens}", dtype, check))
     del weights, w_gate_up, w_down
     _empty_cache(device)
     return rows
@@ -250,7 +239,7 @@ def _bench_row(what: str, scales: str, m: int, ms: float, weight_bytes: int, flo
 
 
 def main() -> int:
-    """`python -m kernels.fp8_checks [scale]`: the cases and the benchmarks on this machine's GPU."""
+    """`python -m kernels.checks.fp8 [scale]`: the cases and the benchmarks on this machine's GPU."""
     import sys
 
     scale = int(sys.argv[1]) if len(sys.argv) > 1 else 1
