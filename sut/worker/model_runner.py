@@ -20,6 +20,14 @@ from sut.sample.sampler import sample
 from sut.sample.verifier import verify
 from sut.sequence import Sequence
 from sut.worker.cuda_graphs import DecodeGraphs
+from sut.worker.kv_cache import (
+    blocks_from_memory,
+    check_holds_one_sequence,
+    kv_bytes_per_block,
+    kv_entry,
+    kv_layer_slots,
+    kv_window,
+)
 from sut.worker.step_input import DraftStep, StepInput
 
 
@@ -87,14 +95,12 @@ class ModelRunner:
         self.kv_window = kv_window(c)
         slots = kv_layer_slots(c)
         self.bytes_per_block = kv_bytes_per_block(c, config.block_size, dtype)
-        self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config, draft)
-        needed = blocks_for_one_sequence(c, config.block_size, max_model_len, config.max_num_batched_tokens)
-        if self.num_blocks < needed:
-            raise ConfigError(
-                f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
-                f"max_model_len={max_model_len} tokens ({needed} blocks); raise num_kv_blocks / kv_cache_memory_gb "
-                "or lower max_model_len"
-            )
+        self.num_blocks = (
+            num_blocks
+            or config.num_kv_blocks
+            or blocks_from_memory(config, c, dtype, device, self.cpu and self.cpu.kv_cache_bytes, draft)
+        )
+        check_holds_one_sequence(c, self.num_blocks, self.block_size, max_model_len, config.max_num_batched_tokens)
         # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
         tensors, heads, dim = kv_entry(c)
         self.kv_cache = torch.zeros(
@@ -132,24 +138,6 @@ class ModelRunner:
                 device,
                 window=self.kv_window is not None,
             )
-
-    def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
-        if config.kv_cache_memory_gb is not None:
-            budget = config.kv_cache_memory_gb * 2**30
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            # Leave room for one step's activations and logits (a generous estimate).
-            activations = config.max_num_batched_tokens * (6 * mc.hidden_size + 3 * mc.intermediate_size) * 4
-            logits = config.max_num_seqs * mc.vocab_size * 4 * 3
-            budget = free - (1 - config.gpu_memory_utilization) * total - activations - logits
-        else:
-            budget = self.cpu.kv_cache_bytes
-        per_block = self.bytes_per_block
-        if draft is not None:  # the draft's weights and its cache of as many blocks come out of it too
-            draft_config, draft_weight_bytes = draft
-            budget -= draft_weight_bytes if self.device.type == "cuda" else 0
-            per_block += kv_bytes_per_block(draft_config, config.block_size, self.model.model.embed_tokens.weight.dtype)
-        return max(0, int(budget // per_block))
 
     def prepare(self, batch: ScheduledBatch) -> StepInput:
         """The step input of `batch`: each sequence's uncomputed tokens, then its drafts."""
@@ -302,51 +290,6 @@ def layer_linear_flops(c: ModelConfig) -> int:
     moe += c.hidden_size * c.moe.num_experts
     dense_layers = c.moe.first_dense_layers
     return 2 * (c.num_layers * attention + dense_layers * dense + (c.num_layers - dense_layers) * moe)
-
-
-def kv_window(c: ModelConfig) -> int | None:
-    """The window of the model's sliding-window layers where it also has full-attention ones (two
-    block tables per sequence), else None (one table: every layer keeps every token)."""
-    windows = {c.layer_window(i) for i in range(c.num_layers)}
-    return max(w for w in windows if w is not None) if None in windows and len(windows) > 1 else None
-
-
-def kv_layer_slots(c: ModelConfig) -> list[int]:
-    """Each layer's index in the KV cache's layer dimension: with two tables, a full layer and a
-    window layer share an index (their blocks come from different tables, so never the same block)."""
-    if kv_window(c) is None:
-        return list(range(c.num_layers))
-    seen = {True: 0, False: 0}
-    slots = []
-    for i in range(c.num_layers):
-        full = c.layer_window(i) is None
-        slots.append(seen[full])
-        seen[full] += 1
-    return slots
-
-
-def kv_entry(c: ModelConfig) -> tuple[int, int, int]:
-    """What the KV cache holds per token per layer: (tensors, heads, dims): a key and a value of
-    each KV head, or with latent attention one entry (the latent and the rope key)."""
-    if c.mla is not None:
-        return 1, 1, c.mla.cache_dim
-    return 2, c.num_kv_heads, c.head_dim
-
-
-def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    layers = max(kv_layer_slots(c)) + 1
-    tensors, heads, dim = kv_entry(c)
-    return tensors * layers * block_size * heads * dim * dtype.itemsize
-
-
-def blocks_for_one_sequence(c: ModelConfig, block_size: int, length: int, chunk: int) -> int:
-    """The blocks one sequence of `length` tokens holds at most: with window layers, its full table
-    and, for the window's tokens and a chunk's beyond them, its window table."""
-    blocks = -(-length // block_size)
-    window = kv_window(c)
-    if window is None:
-        return blocks
-    return blocks + min(blocks, -(-(window + chunk) // block_size) + 1)
 
 
 def _ranks(counts: np.ndarray) -> np.ndarray:
