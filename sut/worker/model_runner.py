@@ -51,61 +51,84 @@ class ModelRunner:
         already built (random weights, for a benchmark) in place of loading `model_path`'s. `shard`:
         a tensor-parallel rank's part of the model and its KV cache; rank 0's runner broadcasts each
         step input to the other ranks' (sut/parallel/)."""
-        self.device = device
+        self.device, self.block_size, self.shard = device, config.block_size, shard
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
-        self.block_size = config.block_size
-        self.shard = shard
+        self._load_weights(model_path, model_config, config, dtype, model)
+        local = model_config if shard is None else local_config(model_config, shard.size)
+        self._select_backend(model_path, local, config)
+        self._allocate_kv_cache(local, config, max_model_len, dtype, num_blocks, draft)
+        self._prepare_fast_decode(config, max_model_len)
+        # An EAGLE3 head's proposer sets `aux_layers` (the target's layer boundaries it reads): then each
+        # forward keeps their hidden states for the step's tokens in `aux_hidden_states` (None otherwise).
+        self.aux_layers: tuple[int, ...] = ()
+        self.aux_hidden_states: torch.Tensor | None = None
+
+    def _load_weights(self, model_path, model_config: ModelConfig, config: EngineConfig, dtype, model) -> None:
+        """The model (`model` where one is given), DeepSeek's MTP module where the engine drafts with
+        it, and the weights' bytes as loaded."""
         self.model = (
             model
             if model is not None
-            else load_model(model_path, model_config, dtype, device, shard, quantization=config.quantization)
+            else load_model(model_path, model_config, dtype, self.device, self.shard, quantization=config.quantization)
         )
         spec = config.speculative_config
         # DeepSeek's MTP module drafts with the target's embedding, rope and LM head, and under tensor
         # parallelism its forwards are collectives beside the target's: every rank holds its part.
         self.mtp = (
-            load_mtp_layer(model_path, model_config, dtype, device, shard)
+            load_mtp_layer(model_path, model_config, dtype, self.device, self.shard)
             if spec is not None and spec.method == "mtp"
             else None
         )
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
-        if shard is not None:
-            model_config = local_config(model_config, shard.size)
+
+    def _select_backend(self, model_path, c: ModelConfig, config: EngineConfig) -> None:
+        """The op set the model runs (`model.ops`), and on CPU the CPU backend that readies the model
+        (`cpu`); `c`: this rank's part of the model's config."""
         # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend
         # switch (for a tensor-parallel rank, only what works on its slices).
         # (Weights quantized at load no longer match the folder's GGUF blocks: none of those then.)
         blocks_folder = model_path if config.quantization is None else None
         self.cpu = (
-            setup_cpu_backend(self.model, blocks_folder, config.cpu, sliced=shard is not None)
-            if device.type == "cpu"
+            setup_cpu_backend(self.model, blocks_folder, config.cpu, sliced=self.shard is not None)
+            if self.device.type == "cpu"
             else None
         )
         # The report's bound on a step (harness/roofline.py): the weights it must read at least, and
         # the decoder layers' linear FLOPs per token (attention's and the LM head's left out: a bound).
         self.weight_bytes_read = self.cpu.weight_bytes_read if self.cpu else forward_weight_bytes(self.model)
-        self.flops_per_token = layer_linear_flops(model_config)
+        self.flops_per_token = layer_linear_flops(c)
         try:
-            self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
+            self.model.ops = select_ops(self.device.type, config.kernels, self.cpu and self.cpu.ops)
         except ValueError as e:  # kernels knows nothing of the engine's errors
             raise ConfigError(f"engine setting {e}") from None
-        c = model_config
+
+    def _allocate_kv_cache(
+        self,
+        c: ModelConfig,
+        config: EngineConfig,
+        max_model_len: int,
+        dtype: torch.dtype,
+        num_blocks: int | None,
+        draft: tuple[ModelConfig, int] | None,
+    ) -> None:
+        """The KV pool, sized (sut/worker/kv_cache.py) and zeroed, so that stale slots are finite
+        numbers even where a kernel reads and masks them; each layer's view of it; and the MTP module's
+        own cache. `c`: this rank's part of the model's config."""
         # Sliding-window layers beside full ones: two block tables per sequence from one pool, a
         # block holding one group's layers (sut/engine/block_manager.py); else one table, None here.
         self.kv_window = kv_window(c)
-        slots = kv_layer_slots(c)
         self.bytes_per_block = kv_bytes_per_block(c, config.block_size, dtype)
         self.num_blocks = (
             num_blocks
             or config.num_kv_blocks
-            or blocks_from_memory(config, c, dtype, device, self.cpu and self.cpu.kv_cache_bytes, draft)
+            or blocks_from_memory(config, c, dtype, self.device, self.cpu and self.cpu.kv_cache_bytes, draft)
         )
         check_holds_one_sequence(c, self.num_blocks, self.block_size, max_model_len, config.max_num_batched_tokens)
-        # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
+        slots = kv_layer_slots(c)
         tensors, heads, dim = kv_entry(c)
-        self.kv_cache = torch.zeros(
-            tensors, max(slots) + 1, self.num_blocks, self.block_size, heads, dim, dtype=dtype, device=device
-        )
+        shape = (self.num_blocks, self.block_size, heads, dim)
+        self.kv_cache = torch.zeros(tensors, max(slots) + 1, *shape, dtype=dtype, device=self.device)
         for slot, layer in zip(slots, self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, slot]
             # Latent attention caches one entry a token, whose first dims (the latent) are its values.
@@ -113,29 +136,27 @@ class ModelRunner:
                 self.kv_cache[1, slot] if tensors == 2 else self.kv_cache[0, slot][..., : c.mla.kv_lora_rank]
             )
         if self.mtp is not None:  # its own one-layer latent cache, indexed by the target's block tables
-            self.mtp_kv_cache = torch.zeros(
-                tensors, 1, self.num_blocks, self.block_size, heads, dim, dtype=dtype, device=device
-            )
+            self.mtp_kv_cache = torch.zeros(tensors, 1, *shape, dtype=dtype, device=self.device)
             self.mtp.self_attn.k_cache = self.mtp_kv_cache[0, 0]
             self.mtp.self_attn.v_cache = self.mtp_kv_cache[0, 0][..., : c.mla.kv_lora_rank]
-        # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
-        # the step's hidden states, or None for a step it does not take.
-        # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
+
+    def _prepare_fast_decode(self, config: EngineConfig, max_model_len: int) -> None:
+        """Decode-only steps in one C call where the CPU backend can (`cpu_decoder`, None elsewhere:
+        its `.forward` gives the step's hidden states, or None for a step it does not take; with
+        speculation it also takes steps that verify drafts, k + 1 query rows a sequence), and with
+        `cuda_graphs` replayed from CUDA graphs (`graphs`). Both hold pointers to the KV cache."""
+        spec = config.speculative_config
         self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
-        # An EAGLE3 head's proposer sets `aux_layers` (the target's layer boundaries it reads): then each
-        # forward keeps their hidden states for the step's tokens in `aux_hidden_states` (None otherwise).
-        self.aux_layers: tuple[int, ...] = ()
-        self.aux_hidden_states: torch.Tensor | None = None
         self.graphs = None
         if config.cuda_graphs:
-            if device.type != "cuda":
-                raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {device}")
+            if self.device.type != "cuda":
+                raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {self.device}")
             self.graphs = DecodeGraphs(
                 self.model,
                 config.max_num_seqs,
                 -(-max_model_len // self.block_size),
                 max_model_len,
-                device,
+                self.device,
                 window=self.kv_window is not None,
             )
 
