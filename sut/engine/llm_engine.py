@@ -30,11 +30,7 @@ from sut.outputs import RequestOutput
 from sut.parallel import Shard, TorchrunGroup, broadcast, free_port, init_group, torchrun_group
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
-from sut.spec_decode.draft_model import DraftModelProposer
-from sut.spec_decode.eagle3 import Eagle3Proposer
-from sut.spec_decode.mtp import MtpProposer
-from sut.spec_decode.ngram import NgramProposer
-from sut.spec_decode.proposer import Proposer
+from sut.spec_decode.factory import make_proposer
 from sut.worker.model_runner import ModelRunner
 from sut.worker.tp_worker import worker_main
 
@@ -85,29 +81,9 @@ class LLMEngine:
         self.kv_export = None  # set_kv_export's, kept across resets
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
-        self.proposer: Proposer | None = None
-        spec = self.config.speculative_config
-        if spec is not None and spec.method == "ngram":
-            self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        elif spec is not None and spec.method == "eagle3":
-            self.proposer = Eagle3Proposer(
-                draft.folder, draft.eagle3, self.runner, self.dtype, self.device, self.default_generator
-            )
-            self.runner.aux_layers = self.proposer.aux_layers  # the target's forwards keep the head's input
-        elif spec is not None and spec.method == "mtp":  # the target's own module, which its runner holds
-            self.proposer = MtpProposer(self.runner, self.default_generator)
-            self.runner.aux_layers = self.proposer.aux_layers  # the residual stream leaving the last layer
-        elif spec is not None:
-            self.proposer = DraftModelProposer(
-                draft.folder,
-                draft.config,
-                self.config,
-                self.max_model_len,
-                self.dtype,
-                self.device,
-                self.runner.num_blocks,
-                self.default_generator,
-            )
+        self.proposer = make_proposer(resolved, self.runner, self.device, self.default_generator)
+        # An EAGLE3 head or the MTP module reads the target's hidden states at these layer boundaries.
+        self.runner.aux_layers = getattr(self.proposer, "aux_layers", ())
         # Sample through the verifier (a sequence with no drafts too), as a speculating engine does; a
         # disaggregated prefill worker of a speculating pool sets it, so its first tokens draw as that.
         self.verify_drafts = self.proposer is not None
