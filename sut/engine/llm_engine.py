@@ -82,8 +82,9 @@ class LLMEngine:
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
         self.proposer = make_proposer(resolved, self.runner, self.device, self.default_generator)
-        # An EAGLE3 head or the MTP module reads the target's hidden states at these layer boundaries.
-        self.runner.aux_layers = getattr(self.proposer, "aux_layers", ())
+        # An EAGLE3 head or the MTP module reads the target's hidden states at these layer boundaries:
+        # the steps return them, and the proposer observes them after each update.
+        self.aux_layers: tuple[int, ...] = getattr(self.proposer, "aux_layers", ())
         # Sample through the verifier (a sequence with no drafts too), as a speculating engine does; a
         # disaggregated prefill worker of a speculating pool sets it, so its first tokens draw as that.
         self.verify_drafts = self.proposer is not None
@@ -226,13 +227,12 @@ class LLMEngine:
         batch = self.scheduler.schedule(start)
         if batch:
             # An EAGLE3 or MTP head is handed the step's hidden states after the update (the positions kept).
-            starts = [s.num_computed_tokens for s in batch.seqs] if self.runner.aux_layers else None
-            sampled = self._execute(batch)
+            starts = [s.num_computed_tokens for s in batch.seqs] if self.aux_layers else None
+            sampled, aux = self._execute(batch)
             now = time.perf_counter()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
-            if starts is not None:
-                aux, self.runner.aux_hidden_states = self.runner.aux_hidden_states, None
+            if aux is not None:
                 self.proposer.observe(batch.seqs, starts, batch.num_new_tokens, aux)
         return [self._output(seq) for seq in self._forget(finished)]
 
@@ -243,18 +243,24 @@ class LLMEngine:
             for seq, (tokens, probs) in zip(seqs, self.proposer.propose(seqs, counts, self.block_manager.block_tables)):
                 seq.spec_token_ids, seq.spec_probs = tokens, probs
 
-    def _execute(self, batch) -> list[list[int] | None]:
-        """The step's forward and sampling, on the runner (and the other tensor-parallel ranks)."""
+    def _execute(self, batch) -> tuple[list[list[int] | None], torch.Tensor | None]:
+        """The step's forward and sampling, on the runner (and the other tensor-parallel ranks): the
+        tokens each sequence emits, and the hidden states at `aux_layers` where the proposer reads them."""
         try:
-            logits = self.runner.execute(self.runner.prepare(batch))
+            step = self.runner.prepare(batch)
+            if self.aux_layers:
+                logits, aux = self.runner.execute(step, self.aux_layers)
+            else:
+                logits, aux = self.runner.execute(step), None
         except RuntimeError as e:  # a collective fails when a rank has gone
             dead = self.ranks is not None and self.ranks.dead(grace_s=2.0)
             if dead:
                 raise WorkerError(dead) from e
             raise
-        return self.runner.sample(
+        sampled = self.runner.sample(
             logits, batch, self.eos_token_ids, self.default_generator, verify_drafts=self.verify_drafts
         )
+        return sampled, aux
 
     def _take_inbox(self) -> list[Sequence]:
         """Hand new requests to the scheduler and abort the ones asked; return those aborted."""

@@ -55,14 +55,10 @@ class ModelRunner:
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
         self._load_weights(model_path, model_config, config, dtype, model)
-        local = model_config if shard is None else local_config(model_config, shard.size)
+        local = model_config if shard is None else local_config(model_config, shard.size)  # this rank's part
         self._select_backend(model_path, local, config)
         self._allocate_kv_cache(local, config, max_model_len, dtype, num_blocks, draft)
         self._prepare_fast_decode(config, max_model_len)
-        # An EAGLE3 head's proposer sets `aux_layers` (the target's layer boundaries it reads): then each
-        # forward keeps their hidden states for the step's tokens in `aux_hidden_states` (None otherwise).
-        self.aux_layers: tuple[int, ...] = ()
-        self.aux_hidden_states: torch.Tensor | None = None
 
     def _load_weights(self, model_path, model_config: ModelConfig, config: EngineConfig, dtype, model) -> None:
         """The model (`model` where one is given), DeepSeek's MTP module where the engine drafts with
@@ -252,19 +248,28 @@ class ModelRunner:
             return [None if t is None else [t] for t in sample(logits, batch.sampling_seqs, eos_token_ids, generator)]
         return verify(logits, batch.sampling_seqs, eos_token_ids, generator, self.model.ops.rejection_sample)
 
-    def execute(self, step: StepInput) -> torch.Tensor:
-        """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
+    def execute(
+        self, step: StepInput, aux_layers: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows. With
+        `aux_layers` (the target's layer boundaries an EAGLE3 head or the MTP module reads), return
+        (logits, the residual stream at those boundaries for every token of the step,
+        `[num_tokens, len(aux_layers) * hidden]`): the model's own forward keeps it, a CUDA graph or
+        the one-call decoder does not, so such a step runs neither."""
         if self.shard is not None and self.shard.rank == 0:
             broadcast(step)  # the other ranks run the same forward on their shards
         meta = step.attention_metadata()
-        if self.aux_layers:  # the model's own forward keeps them (a CUDA graph or the one-call decoder does not)
-            hidden, self.aux_hidden_states = self.model(step.input_ids, step.positions, meta, self.aux_layers)
-        else:
-            hidden = self.graphs.run(step) if self.graphs else None
-            if hidden is None and self.cpu_decoder:
-                hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
-            if hidden is None:
-                hidden = self.model(step.input_ids, step.positions, meta)
+        if aux_layers:
+            hidden, aux = self.model(step.input_ids, step.positions, meta, aux_layers)
+            return self._logits(step, hidden), aux
+        hidden = self.graphs.run(step) if self.graphs else None
+        if hidden is None and self.cpu_decoder:
+            hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
+        if hidden is None:
+            hidden = self.model(step.input_ids, step.positions, meta)
+        return self._logits(step, hidden)
+
+    def _logits(self, step: StepInput, hidden: torch.Tensor) -> torch.Tensor:
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
