@@ -373,15 +373,17 @@ def test_the_target_keeps_the_heads_boundary_states(request, name, monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_no_hidden_states_are_kept_without_an_eagle3_head(llama):
+def test_no_hidden_states_are_kept_without_an_eagle3_head(llama, monkeypatch):
     llm = LLM(
         llama.folder,
         device="cpu",
         num_kv_blocks=64,
         speculative_config={"method": "ngram", "num_speculative_tokens": 2},
     )
+    execute, asked = llm.engine.runner.execute, []
+    monkeypatch.setattr(llm.engine.runner, "execute", lambda step, *aux: asked.append(aux) or execute(step, *aux))
     llm.generate([[5, 6, 7, 5, 6]], SamplingParams(max_tokens=4))
-    assert llm.engine.runner.aux_layers == () and llm.engine.runner.aux_hidden_states is None
+    assert llm.engine.aux_layers == () and asked and not any(asked)  # no step was asked for hidden states
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt_oss"])

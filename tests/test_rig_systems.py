@@ -16,7 +16,7 @@ import torch
 from harness.config import RunConfig, check_engine_settings, check_speculation_allowed
 from sut.bench.gpu_steps import DEEPSEEK_R1
 from sut.config import ModelConfig
-from sut.worker.model_runner import blocks_for_one_sequence, kv_bytes_per_block
+from sut.worker.kv_cache import blocks_for_one_sequence, kv_bytes_per_block
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, saaf_cache
 

@@ -56,10 +56,10 @@ def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
         monkeypatch.setattr(module, "to_host", counted_to_host)
     execute = ModelRunner.execute
 
-    def counted_execute(self, step):
+    def counted_execute(self, step, *aux_layers):
         if step.logits_indices.shape[0]:  # a forward some sequence samples from
             forwards.append(len(step.query_lens_host))
-        return execute(self, step)
+        return execute(self, step, *aux_layers)
 
     monkeypatch.setattr(ModelRunner, "execute", counted_execute)
     return reads, syncs, forwards

@@ -27,7 +27,8 @@ from sut.model.loader import random_model
 from sut.parallel import Shard, broadcast, free_port, init_group
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
-from sut.worker.model_runner import ModelRunner, kv_bytes_per_block
+from sut.worker.kv_cache import kv_bytes_per_block
+from sut.worker.model_runner import ModelRunner
 from sut.worker.tp_worker import serve
 
 LLAMA_31_8B = dict(

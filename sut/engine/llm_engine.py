@@ -30,11 +30,7 @@ from sut.outputs import RequestOutput
 from sut.parallel import Shard, TorchrunGroup, broadcast, free_port, init_group, torchrun_group
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
-from sut.spec_decode.draft_model import DraftModelProposer
-from sut.spec_decode.eagle3 import Eagle3Proposer
-from sut.spec_decode.mtp import MtpProposer
-from sut.spec_decode.ngram import NgramProposer
-from sut.spec_decode.proposer import Proposer
+from sut.spec_decode.factory import make_proposer
 from sut.worker.model_runner import ModelRunner
 from sut.worker.tp_worker import worker_main
 
@@ -85,29 +81,10 @@ class LLMEngine:
         self.kv_export = None  # set_kv_export's, kept across resets
         self._reset_scheduling()
         self.default_generator = torch.Generator().manual_seed(self.config.seed)
-        self.proposer: Proposer | None = None
-        spec = self.config.speculative_config
-        if spec is not None and spec.method == "ngram":
-            self.proposer = NgramProposer(spec.prompt_lookup_min, spec.prompt_lookup_max)
-        elif spec is not None and spec.method == "eagle3":
-            self.proposer = Eagle3Proposer(
-                draft.folder, draft.eagle3, self.runner, self.dtype, self.device, self.default_generator
-            )
-            self.runner.aux_layers = self.proposer.aux_layers  # the target's forwards keep the head's input
-        elif spec is not None and spec.method == "mtp":  # the target's own module, which its runner holds
-            self.proposer = MtpProposer(self.runner, self.default_generator)
-            self.runner.aux_layers = self.proposer.aux_layers  # the residual stream leaving the last layer
-        elif spec is not None:
-            self.proposer = DraftModelProposer(
-                draft.folder,
-                draft.config,
-                self.config,
-                self.max_model_len,
-                self.dtype,
-                self.device,
-                self.runner.num_blocks,
-                self.default_generator,
-            )
+        self.proposer = make_proposer(resolved, self.runner, self.device, self.default_generator)
+        # An EAGLE3 head or the MTP module reads the target's hidden states at these layer boundaries:
+        # the steps return them, and the proposer observes them after each update.
+        self.aux_layers: tuple[int, ...] = getattr(self.proposer, "aux_layers", ())
         # Sample through the verifier (a sequence with no drafts too), as a speculating engine does; a
         # disaggregated prefill worker of a speculating pool sets it, so its first tokens draw as that.
         self.verify_drafts = self.proposer is not None
@@ -250,13 +227,12 @@ class LLMEngine:
         batch = self.scheduler.schedule(start)
         if batch:
             # An EAGLE3 or MTP head is handed the step's hidden states after the update (the positions kept).
-            starts = [s.num_computed_tokens for s in batch.seqs] if self.runner.aux_layers else None
-            sampled = self._execute(batch)
+            starts = [s.num_computed_tokens for s in batch.seqs] if self.aux_layers else None
+            sampled, aux = self._execute(batch)
             now = time.perf_counter()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
-            if starts is not None:
-                aux, self.runner.aux_hidden_states = self.runner.aux_hidden_states, None
+            if aux is not None:
                 self.proposer.observe(batch.seqs, starts, batch.num_new_tokens, aux)
         return [self._output(seq) for seq in self._forget(finished)]
 
@@ -267,18 +243,24 @@ class LLMEngine:
             for seq, (tokens, probs) in zip(seqs, self.proposer.propose(seqs, counts, self.block_manager.block_tables)):
                 seq.spec_token_ids, seq.spec_probs = tokens, probs
 
-    def _execute(self, batch) -> list[list[int] | None]:
-        """The step's forward and sampling, on the runner (and the other tensor-parallel ranks)."""
+    def _execute(self, batch) -> tuple[list[list[int] | None], torch.Tensor | None]:
+        """The step's forward and sampling, on the runner (and the other tensor-parallel ranks): the
+        tokens each sequence emits, and the hidden states at `aux_layers` where the proposer reads them."""
         try:
-            logits = self.runner.execute(self.runner.prepare(batch))
+            step = self.runner.prepare(batch)
+            if self.aux_layers:
+                logits, aux = self.runner.execute(step, self.aux_layers)
+            else:
+                logits, aux = self.runner.execute(step), None
         except RuntimeError as e:  # a collective fails when a rank has gone
             dead = self.ranks is not None and self.ranks.dead(grace_s=2.0)
             if dead:
                 raise WorkerError(dead) from e
             raise
-        return self.runner.sample(
+        sampled = self.runner.sample(
             logits, batch, self.eos_token_ids, self.default_generator, verify_drafts=self.verify_drafts
         )
+        return sampled, aux
 
     def _take_inbox(self) -> list[Sequence]:
         """Hand new requests to the scheduler and abort the ones asked; return those aborted."""

@@ -29,8 +29,9 @@ target cache holds T - 1, first runs the head over the positions it has not cons
 `seq.draft_num_computed` to T - 2: the verified tokens of the last step, or a whole prompt after
 prefill) in one forward with every other sequence's, which gives draft 1, then one forward a draft.
 
-The target's hidden states arrive through `observe`, after each step: the runner keeps those of the
-head's boundaries for the step's tokens (only when this proposer is set), and each sequence keeps, fc
+The target's hidden states arrive through `observe`, after each step: the target's step returns those
+of the head's boundaries for the step's tokens (`ModelRunner.execute` with the proposer's
+`aux_layers`; only when this proposer is set), and each sequence keeps, fc
 applied, the rows of the positions the target kept (`num_computed_tokens`; rejected drafts' rows
 are dropped). A sequence whose state does not line up with its computed tokens (preempted and
 recomputed, or admitted with K/V computed elsewhere) starts over from the step's first position.

@@ -15,7 +15,7 @@ The bookkeeping is the EAGLE3 head's (sut/spec_decode/eagle3.py), which this pro
 of the module reads (token p + 1, h_p) at position p and predicts the token at p + 2; a proposal
 first runs the module over the positions it has not consumed (the verified tokens of the last step,
 or the whole prompt), which gives draft 1, then once per draft on its own output. The target's
-hidden states arrive through `observe` after each step: the runner keeps the residual stream leaving
+hidden states arrive through `observe` after each step: the step returns the residual stream leaving
 its last layer (the boundary `num_hidden_layers` of `aux_layers`), and the final norm is applied here;
 each sequence keeps the rows of the positions the target kept, so a rejected draft's row is dropped
 and its K/V in the module's cache is overwritten before anything reads it. The module has its own

@@ -4,9 +4,11 @@ block_tables)` returns, per sequence, up to counts[i] draft tokens and the proba
 sees only that, so a proposer of any kind plugs in without touching it: n-gram lookup
 (sut/spec_decode/ngram.py), a draft model (sut/spec_decode/draft_model.py), an EAGLE3 head
 (sut/spec_decode/eagle3.py) or DeepSeek-V3's MTP module (sut/spec_decode/mtp.py), which read the
-target's hidden states: the engine hands them, after each step, those of the head's layer boundaries
-for the step's tokens (`observe(seqs, starts, num_new_tokens, aux)`), and they keep, per sequence,
-the rows of the positions the target kept.
+target's hidden states at the layer boundaries they name (`aux_layers`): the engine's steps return
+those of the step's tokens (`ModelRunner.execute(step, aux_layers)`) and the engine hands them to
+the proposer after the step's update (`observe(seqs, starts, num_new_tokens, aux)`), which keeps,
+per sequence, the rows of the positions the target kept. `make_proposer` (factory.py) builds the
+one the settings name.
 
 Proposals are made at the start of a step, for the decoding sequences that have none, after the
 scheduler has reserved the k + 1 slots they will be verified in."""

@@ -20,6 +20,14 @@ from sut.sample.sampler import sample
 from sut.sample.verifier import verify
 from sut.sequence import Sequence
 from sut.worker.cuda_graphs import DecodeGraphs
+from sut.worker.kv_cache import (
+    blocks_from_memory,
+    check_holds_one_sequence,
+    kv_bytes_per_block,
+    kv_entry,
+    kv_layer_slots,
+    kv_window,
+)
 from sut.worker.step_input import DraftStep, StepInput
 
 
@@ -43,63 +51,80 @@ class ModelRunner:
         already built (random weights, for a benchmark) in place of loading `model_path`'s. `shard`:
         a tensor-parallel rank's part of the model and its KV cache; rank 0's runner broadcasts each
         step input to the other ranks' (sut/parallel/)."""
-        self.device = device
+        self.device, self.block_size, self.shard = device, config.block_size, shard
         if device.type == "cuda" and device.index is not None:
             torch.cuda.set_device(device)  # Triton launches on the current device, whatever its pointers
-        self.block_size = config.block_size
-        self.shard = shard
+        self._load_weights(model_path, model_config, config, dtype, model)
+        local = model_config if shard is None else local_config(model_config, shard.size)  # this rank's part
+        self._select_backend(model_path, local, config)
+        self._allocate_kv_cache(local, config, max_model_len, dtype, num_blocks, draft)
+        self._prepare_fast_decode(config, max_model_len)
+
+    def _load_weights(self, model_path, model_config: ModelConfig, config: EngineConfig, dtype, model) -> None:
+        """The model (`model` where one is given), DeepSeek's MTP module where the engine drafts with
+        it, and the weights' bytes as loaded."""
         self.model = (
             model
             if model is not None
-            else load_model(model_path, model_config, dtype, device, shard, quantization=config.quantization)
+            else load_model(model_path, model_config, dtype, self.device, self.shard, quantization=config.quantization)
         )
         spec = config.speculative_config
         # DeepSeek's MTP module drafts with the target's embedding, rope and LM head, and under tensor
         # parallelism its forwards are collectives beside the target's: every rank holds its part.
         self.mtp = (
-            load_mtp_layer(model_path, model_config, dtype, device, shard)
+            load_mtp_layer(model_path, model_config, dtype, self.device, self.shard)
             if spec is not None and spec.method == "mtp"
             else None
         )
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())  # before packing
-        if shard is not None:
-            model_config = local_config(model_config, shard.size)
+
+    def _select_backend(self, model_path, c: ModelConfig, config: EngineConfig) -> None:
+        """The op set the model runs (`model.ops`), and on CPU the CPU backend that readies the model
+        (`cpu`); `c`: this rank's part of the model's config."""
         # On CPU the CPU backend (sut/cpu/) readies the model and offers its op set to the one backend
         # switch (for a tensor-parallel rank, only what works on its slices).
         # (Weights quantized at load no longer match the folder's GGUF blocks: none of those then.)
         blocks_folder = model_path if config.quantization is None else None
         self.cpu = (
-            setup_cpu_backend(self.model, blocks_folder, config.cpu, sliced=shard is not None)
-            if device.type == "cpu"
+            setup_cpu_backend(self.model, blocks_folder, config.cpu, sliced=self.shard is not None)
+            if self.device.type == "cpu"
             else None
         )
         # The report's bound on a step (harness/roofline.py): the weights it must read at least, and
         # the decoder layers' linear FLOPs per token (attention's and the LM head's left out: a bound).
         self.weight_bytes_read = self.cpu.weight_bytes_read if self.cpu else forward_weight_bytes(self.model)
-        self.flops_per_token = layer_linear_flops(model_config)
+        self.flops_per_token = layer_linear_flops(c)
         try:
-            self.model.ops = select_ops(device.type, config.kernels, self.cpu and self.cpu.ops)
+            self.model.ops = select_ops(self.device.type, config.kernels, self.cpu and self.cpu.ops)
         except ValueError as e:  # kernels knows nothing of the engine's errors
             raise ConfigError(f"engine setting {e}") from None
-        c = model_config
+
+    def _allocate_kv_cache(
+        self,
+        c: ModelConfig,
+        config: EngineConfig,
+        max_model_len: int,
+        dtype: torch.dtype,
+        num_blocks: int | None,
+        draft: tuple[ModelConfig, int] | None,
+    ) -> None:
+        """The KV pool, sized (sut/worker/kv_cache.py) and zeroed, so that stale slots are finite
+        numbers even where a kernel reads and masks them; each layer's view of it; and the MTP module's
+        own cache. `c`: this rank's part of the model's config."""
         # Sliding-window layers beside full ones: two block tables per sequence from one pool, a
         # block holding one group's layers (sut/engine/block_manager.py); else one table, None here.
         self.kv_window = kv_window(c)
-        slots = kv_layer_slots(c)
         self.bytes_per_block = kv_bytes_per_block(c, config.block_size, dtype)
-        self.num_blocks = num_blocks or config.num_kv_blocks or self._blocks_from_memory(config, model_config, draft)
-        needed = blocks_for_one_sequence(c, config.block_size, max_model_len, config.max_num_batched_tokens)
-        if self.num_blocks < needed:
-            raise ConfigError(
-                f"KV cache of {self.num_blocks} blocks x {self.block_size} tokens cannot hold one sequence of "
-                f"max_model_len={max_model_len} tokens ({needed} blocks); raise num_kv_blocks / kv_cache_memory_gb "
-                "or lower max_model_len"
-            )
-        # Zeroed, so that stale slots are finite numbers even where a kernel reads and masks them.
-        tensors, heads, dim = kv_entry(c)
-        self.kv_cache = torch.zeros(
-            tensors, max(slots) + 1, self.num_blocks, self.block_size, heads, dim, dtype=dtype, device=device
+        self.num_blocks = (
+            num_blocks
+            or config.num_kv_blocks
+            or blocks_from_memory(config, c, dtype, self.device, self.cpu and self.cpu.kv_cache_bytes, draft)
         )
+        check_holds_one_sequence(c, self.num_blocks, self.block_size, max_model_len, config.max_num_batched_tokens)
+        slots = kv_layer_slots(c)
+        tensors, heads, dim = kv_entry(c)
+        shape = (self.num_blocks, self.block_size, heads, dim)
+        self.kv_cache = torch.zeros(tensors, max(slots) + 1, *shape, dtype=dtype, device=self.device)
         for slot, layer in zip(slots, self.model.model.layers):
             layer.self_attn.k_cache = self.kv_cache[0, slot]
             # Latent attention caches one entry a token, whose first dims (the latent) are its values.
@@ -107,49 +132,29 @@ class ModelRunner:
                 self.kv_cache[1, slot] if tensors == 2 else self.kv_cache[0, slot][..., : c.mla.kv_lora_rank]
             )
         if self.mtp is not None:  # its own one-layer latent cache, indexed by the target's block tables
-            self.mtp_kv_cache = torch.zeros(
-                tensors, 1, self.num_blocks, self.block_size, heads, dim, dtype=dtype, device=device
-            )
+            self.mtp_kv_cache = torch.zeros(tensors, 1, *shape, dtype=dtype, device=self.device)
             self.mtp.self_attn.k_cache = self.mtp_kv_cache[0, 0]
             self.mtp.self_attn.v_cache = self.mtp_kv_cache[0, 0][..., : c.mla.kv_lora_rank]
-        # Decode-only steps in one C call where the CPU backend can (None elsewhere): `.forward` gives
-        # the step's hidden states, or None for a step it does not take.
-        # With speculation it also takes steps that verify drafts (k + 1 query rows a sequence).
+
+    def _prepare_fast_decode(self, config: EngineConfig, max_model_len: int) -> None:
+        """Decode-only steps in one C call where the CPU backend can (`cpu_decoder`, None elsewhere:
+        its `.forward` gives the step's hidden states, or None for a step it does not take; with
+        speculation it also takes steps that verify drafts, k + 1 query rows a sequence), and with
+        `cuda_graphs` replayed from CUDA graphs (`graphs`). Both hold pointers to the KV cache."""
+        spec = config.speculative_config
         self.cpu_decoder = self.cpu and self.cpu.decoder(1 + (spec.num_speculative_tokens if spec else 0))
-        # An EAGLE3 head's proposer sets `aux_layers` (the target's layer boundaries it reads): then each
-        # forward keeps their hidden states for the step's tokens in `aux_hidden_states` (None otherwise).
-        self.aux_layers: tuple[int, ...] = ()
-        self.aux_hidden_states: torch.Tensor | None = None
         self.graphs = None
         if config.cuda_graphs:
-            if device.type != "cuda":
-                raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {device}")
+            if self.device.type != "cuda":
+                raise ConfigError(f"engine setting cuda_graphs needs a CUDA device, not {self.device}")
             self.graphs = DecodeGraphs(
                 self.model,
                 config.max_num_seqs,
                 -(-max_model_len // self.block_size),
                 max_model_len,
-                device,
+                self.device,
                 window=self.kv_window is not None,
             )
-
-    def _blocks_from_memory(self, config: EngineConfig, mc: ModelConfig, draft: tuple[ModelConfig, int] | None) -> int:
-        if config.kv_cache_memory_gb is not None:
-            budget = config.kv_cache_memory_gb * 2**30
-        elif self.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(self.device)
-            # Leave room for one step's activations and logits (a generous estimate).
-            activations = config.max_num_batched_tokens * (6 * mc.hidden_size + 3 * mc.intermediate_size) * 4
-            logits = config.max_num_seqs * mc.vocab_size * 4 * 3
-            budget = free - (1 - config.gpu_memory_utilization) * total - activations - logits
-        else:
-            budget = self.cpu.kv_cache_bytes
-        per_block = self.bytes_per_block
-        if draft is not None:  # the draft's weights and its cache of as many blocks come out of it too
-            draft_config, draft_weight_bytes = draft
-            budget -= draft_weight_bytes if self.device.type == "cuda" else 0
-            per_block += kv_bytes_per_block(draft_config, config.block_size, self.model.model.embed_tokens.weight.dtype)
-        return max(0, int(budget // per_block))
 
     def prepare(self, batch: ScheduledBatch) -> StepInput:
         """The step input of `batch`: each sequence's uncomputed tokens, then its drafts."""
@@ -243,19 +248,28 @@ class ModelRunner:
             return [None if t is None else [t] for t in sample(logits, batch.sampling_seqs, eos_token_ids, generator)]
         return verify(logits, batch.sampling_seqs, eos_token_ids, generator, self.model.ops.rejection_sample)
 
-    def execute(self, step: StepInput) -> torch.Tensor:
-        """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows."""
+    def execute(
+        self, step: StepInput, aux_layers: tuple[int, ...] = ()
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Forward one step; return the fp32 logits `[num_logits, vocab]` of its wanted rows. With
+        `aux_layers` (the target's layer boundaries an EAGLE3 head or the MTP module reads), return
+        (logits, the residual stream at those boundaries for every token of the step,
+        `[num_tokens, len(aux_layers) * hidden]`): the model's own forward keeps it, a CUDA graph or
+        the one-call decoder does not, so such a step runs neither."""
         if self.shard is not None and self.shard.rank == 0:
             broadcast(step)  # the other ranks run the same forward on their shards
         meta = step.attention_metadata()
-        if self.aux_layers:  # the model's own forward keeps them (a CUDA graph or the one-call decoder does not)
-            hidden, self.aux_hidden_states = self.model(step.input_ids, step.positions, meta, self.aux_layers)
-        else:
-            hidden = self.graphs.run(step) if self.graphs else None
-            if hidden is None and self.cpu_decoder:
-                hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
-            if hidden is None:
-                hidden = self.model(step.input_ids, step.positions, meta)
+        if aux_layers:
+            hidden, aux = self.model(step.input_ids, step.positions, meta, aux_layers)
+            return self._logits(step, hidden), aux
+        hidden = self.graphs.run(step) if self.graphs else None
+        if hidden is None and self.cpu_decoder:
+            hidden = self.cpu_decoder.forward(step.input_ids, step.positions, meta)
+        if hidden is None:
+            hidden = self.model(step.input_ids, step.positions, meta)
+        return self._logits(step, hidden)
+
+    def _logits(self, step: StepInput, hidden: torch.Tensor) -> torch.Tensor:
         if step.logits_indices.shape[0] == 0:
             return hidden.new_empty(0, self.model.config.vocab_size, dtype=torch.float32)
         return self.model.compute_logits(hidden[step.logits_indices])
@@ -302,51 +316,6 @@ def layer_linear_flops(c: ModelConfig) -> int:
     moe += c.hidden_size * c.moe.num_experts
     dense_layers = c.moe.first_dense_layers
     return 2 * (c.num_layers * attention + dense_layers * dense + (c.num_layers - dense_layers) * moe)
-
-
-def kv_window(c: ModelConfig) -> int | None:
-    """The window of the model's sliding-window layers where it also has full-attention ones (two
-    block tables per sequence), else None (one table: every layer keeps every token)."""
-    windows = {c.layer_window(i) for i in range(c.num_layers)}
-    return max(w for w in windows if w is not None) if None in windows and len(windows) > 1 else None
-
-
-def kv_layer_slots(c: ModelConfig) -> list[int]:
-    """Each layer's index in the KV cache's layer dimension: with two tables, a full layer and a
-    window layer share an index (their blocks come from different tables, so never the same block)."""
-    if kv_window(c) is None:
-        return list(range(c.num_layers))
-    seen = {True: 0, False: 0}
-    slots = []
-    for i in range(c.num_layers):
-        full = c.layer_window(i) is None
-        slots.append(seen[full])
-        seen[full] += 1
-    return slots
-
-
-def kv_entry(c: ModelConfig) -> tuple[int, int, int]:
-    """What the KV cache holds per token per layer: (tensors, heads, dims): a key and a value of
-    each KV head, or with latent attention one entry (the latent and the rope key)."""
-    if c.mla is not None:
-        return 1, 1, c.mla.cache_dim
-    return 2, c.num_kv_heads, c.head_dim
-
-
-def kv_bytes_per_block(c: ModelConfig, block_size: int, dtype: torch.dtype) -> int:
-    layers = max(kv_layer_slots(c)) + 1
-    tensors, heads, dim = kv_entry(c)
-    return tensors * layers * block_size * heads * dim * dtype.itemsize
-
-
-def blocks_for_one_sequence(c: ModelConfig, block_size: int, length: int, chunk: int) -> int:
-    """The blocks one sequence of `length` tokens holds at most: with window layers, its full table
-    and, for the window's tokens and a chunk's beyond them, its window table."""
-    blocks = -(-length // block_size)
-    window = kv_window(c)
-    if window is None:
-        return blocks
-    return blocks + min(blocks, -(-(window + chunk) // block_size) + 1)
 
 
 def _ranks(counts: np.ndarray) -> np.ndarray:
