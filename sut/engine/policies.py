@@ -47,7 +47,7 @@ class TpotGuard:
         self.costs = costs
 
     def prefill_budget(self, now: float, running: list[Sequence], waiting, unlimited: int) -> int:
-        """Prefill tokens this step may carry (`unlimited` when nothing bounds it)."""
+        """Prefill tokens this step may carry, 0 to `unlimited` (`unlimited` when nothing bounds it)."""
         costs = self.costs
         if costs.prefill_token_s == 0.0:  # no step with prefill measured yet
             return unlimited
@@ -64,7 +64,11 @@ class TpotGuard:
             return unlimited
         if slack < costs.chunk_step_s:  # no chunk smaller than recent ones: small chunks cost more per token
             return 0
-        return min(int((slack - costs.decode_step_s) / costs.prefill_token_s), unlimited)
+        # Never below 0: the medians are of different steps, so recent decode-only steps can cost more
+        # than recent chunk steps (a loaded machine, decodes slower than the target), and a slack
+        # between the two would give a negative count, which the scheduler took as a chunk of minus
+        # that many tokens for a prefilling sequence (num_computed_tokens going backwards).
+        return max(0, min(int((slack - costs.decode_step_s) / costs.prefill_token_s), unlimited))
 
     def _prompt_waited_patience(self, now: float, running, waiting) -> bool:
         if self.patience_s is None:
