@@ -3,7 +3,7 @@ scenario, the performance, accuracy and compliance runs (TEST06; TEST07 and TEST
 compliance.package.run_modes) through `python -m harness run`; then the tree
 (compliance/package.py) and our checker (compliance/check.py) over it.
 
-A latency scenario (Server, Interactive) is first calibrated on this machine (harness.calibrate: its
+A latency scenario (Server, Interactive) is first calibrated on this machine (harness.measure.calibrate: its
 capacity at the latency limits, found by LoadGen runs): its runs take a share of the capacity
 found there, and a scenario no load can meet here is left out, with the reason, in the chain's
 output and the tree's documentation. A demo system also leaves out
@@ -229,7 +229,7 @@ def _root_args(root: Path) -> list[str]:
 
 def harness_command(system: str, benchmark: str, scenario: str, mode: str, root: Path, *args) -> list[str]:
     """`python -m harness run` for one run (extra `args` on its command line): the chain's and the
-    report's (harness/ablation.py) runs are all started this way."""
+    report's (harness/measure/ablation.py) runs are all started this way."""
     command = ["-m", "harness", "run", "--system", system, "--benchmark", benchmark, "--scenario", scenario]
     return [sys.executable, *command, "--mode", mode, *_root_args(root), *map(str, args)]
 
@@ -261,7 +261,7 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
         and server is not None
         and server["target_qps"] is not None
         and committed.is_file()
-    ):  # without it, harness.calibrate below says what is missing
+    ):  # without it, harness.measure.calibrate below says what is missing
         reason = interactive_past_budget(
             committed.read_text(),
             len(load_dataset(system.datasets[benchmark])),
@@ -278,7 +278,16 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
         return None
     budget = ["--budget-min", f"{DEMO_BUDGET_MIN - (time.time() - start) / 60:.2f}"] if system.demo else []
     first = start_qps(logs, scenario, server)
-    command = ["-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark, "--scenario", scenario]
+    command = [
+        "-m",
+        "harness.measure.calibrate",
+        "--system",
+        system.name,
+        "--benchmark",
+        benchmark,
+        "--scenario",
+        scenario,
+    ]
     run_step(
         [sys.executable, *command, *(["--start-qps", f"{first:.4f}"] if first else []), *budget, *_root_args(root)]
     )

@@ -188,7 +188,7 @@ class RunConfig:
     benchmark: Benchmark
     scenario: str
     mode: str
-    user_conf: Path | None  # None: a run without LoadGen (harness/replay.py)
+    user_conf: Path | None  # None: a run without LoadGen (harness/measure/replay.py)
     log_dir: Path
     warmup: bool = True  # the engine's warm-up before LoadGen starts
     log_responses: bool = False  # every response in the accuracy log, in performance mode too (the report's runs)
@@ -212,10 +212,10 @@ class RunConfig:
         loadgen: bool = True,
     ) -> "RunConfig":
         """`user_conf`: instead of the committed measurements/<system>/<benchmark>/<Scenario>/user.conf
-        (harness.calibrate writes one for this machine). `engine`: settings over the system's for this
+        (harness.measure.calibrate writes one for this machine). `engine`: settings over the system's for this
         run (one configuration of a comparison), checked like the file's; `log_dir`: instead of
         build/logs/<system>/<benchmark>/<Scenario>/<mode>/, so such a run keeps the system's logs.
-        `loadgen` False: a run that reads no user.conf (harness/replay.py)."""
+        `loadgen` False: a run that reads no user.conf (harness/measure/replay.py)."""
         if benchmark not in BENCHMARKS:
             raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
         if scenario not in SCENARIOS:

@@ -1,4 +1,4 @@
-"""The load calibration (harness/calibrate.py): a scenario whose floors rule it out is left out
+"""The load calibration (harness/measure/calibrate.py): a scenario whose floors rule it out is left out
 naming the floor; otherwise the capacity search's LoadGen runs set the target (RUN_SHARE of the
 highest VALID rate), within the time the chain gives it; end to end on the tiny system, every trial
 is a LoadGen run whose verdict is LoadGen's; the calibrated user.conf differs from the committed one
@@ -13,7 +13,8 @@ import pytest
 
 from compliance.loadgen_logs import read_detail_log
 from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
-from harness.calibrate import (
+from harness.config import check_user_conf
+from harness.measure.calibrate import (
     RUN_SHARE,
     TRIALS,
     Calibration,
@@ -21,8 +22,7 @@ from harness.calibrate import (
     find_capacity,
     measure_floors,
 )
-from harness.capacity import LoadGenTrials, Trial
-from harness.config import check_user_conf
+from harness.measure.capacity import LoadGenTrials, Trial
 from sut import LLMEngine, SamplingParams
 from systems.benchmarks import loadgen_double
 from systems.schema import REPO
@@ -73,7 +73,7 @@ def test_the_runs_take_their_share_of_the_capacity_found():
 
 def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr("harness.calibrate.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("harness.measure.calibrate.time.perf_counter", lambda: clock[0])
     # 460 queries at 0.1 QPS alone take 77 minutes: no trial fits 10.
     cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
     find_capacity(cal, KnownCapacity(0.05, clock), 0.1, 10 * 60, 100)
@@ -87,14 +87,14 @@ def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
 
 
 def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp_path):
-    """`python -m harness.calibrate` end to end: each trial a LoadGen run (its user.conf and logs in
+    """`python -m harness.measure.calibrate` end to end: each trial a LoadGen run (its user.conf and logs in
     calibration/capacity/), the trials' verdicts LoadGen's, the run's user.conf at the target."""
     root = tmp_path / "repo"
     shutil.copytree(chain[0], root, ignore=shutil.ignore_patterns("submission"))
     stale = root / "build/logs/tiny/llama3.1-8b/Server/calibration/capacity/01-9.000qps.conf"
     stale.parent.mkdir(parents=True)
     stale.write_text("an earlier search's trial\n")
-    command = [sys.executable, "-m", "harness.calibrate", "--system", "tiny", "--scenario", "Server"]
+    command = [sys.executable, "-m", "harness.measure.calibrate", "--system", "tiny", "--scenario", "Server"]
     done = subprocess.run(
         [*command, "--start-qps", "100", "--budget-min", "1.5", "--root", str(root)],
         cwd=REPO,

@@ -60,7 +60,7 @@ def test_harness_run_bad_engine_setting(root):
 
 
 def test_calibrate_unknown_system():
-    assert_one_error_line(run_cli("harness.calibrate", "--system", "nope"), "unknown system 'nope'")
+    assert_one_error_line(run_cli("harness.measure.calibrate", "--system", "nope"), "unknown system 'nope'")
 
 
 def test_submission_unknown_system():

@@ -16,9 +16,9 @@ EARLY_STOPPING_QUERIES, early stopping's minimum for a p99. Fewer queries make e
 stricter, not looser: with n queries it allows fewer over the limit in proportion, so a rate that
 passes a trial meets the p99 with at least the confidence the full run needs; what a shorter run
 can miss is a queue that builds over minutes, one reason the runs then take a margin below the
-rate found (harness/calibrate.py's RUN_SHARE).
+rate found (harness/measure/calibrate.py's RUN_SHARE).
 
-The report's trials (harness/ablation.py) are shorter still, to search every configuration in its
+The report's trials (harness/measure/ablation.py) are shorter still, to search every configuration in its
 budget: a set number of queries, each a different sample, judged by LoadGen's p99 check alone
 (early stopping cannot pass under EARLY_STOPPING_QUERIES); a failed one hints the rate at which its
 queries met the targets, where the search goes next on its way down (never more than MAX_DROP lower),

@@ -2,13 +2,13 @@
 by LoadGen runs, so that `make submission` runs it close to what the machine meets (CPUs differ by
 2x and more for this work, and MLPerf scores the highest rate that meets the limits).
 
-    python -m harness.calibrate --system cpu-demo --benchmark llama3.1-8b --scenario Server \
+    python -m harness.measure.calibrate --system cpu-demo --benchmark llama3.1-8b --scenario Server \
         [--start-qps R] [--budget-min M]
 
 1. Floors (in-process, no LoadGen): the time to first token of the dataset's longest prompt alone,
    and a decode step at batch 1. A scenario whose floors reach FLOOR_SHARE of its TTFT or TPOT
    limit cannot be met here: it is left out, and the reason says which floor and by how much.
-2. Capacity (harness/capacity.py): the highest target_qps whose LoadGen run, on LoadGen's own
+2. Capacity (harness/measure/capacity.py): the highest target_qps whose LoadGen run, on LoadGen's own
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound; from `--start-qps` (the chain gives a share of Offline's measured samples/s for Server,
@@ -41,8 +41,8 @@ from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_dataset
 from compliance.submission import harness_command, predicted_minutes
-from harness.capacity import CapacityError, LoadGenTrials, search_capacity
 from harness.config import HarnessConfigError, RunConfig
+from harness.measure.capacity import CapacityError, LoadGenTrials, search_capacity
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -164,7 +164,8 @@ def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float)
     """The committed user.conf with the scenario's target_qps replaced, and a comment saying so."""
     rate = f"{loadgen_double(target_qps, 4):.4f}"
     text = with_conf_value(committed.read_text(), loadgen_model, "Server", "target_qps", rate)
-    return f"# target_qps calibrated on this machine by harness.calibrate (calibration.json beside this file)\n{text}"
+    said = "# target_qps calibrated on this machine by harness.measure.calibrate (calibration.json beside this file)"
+    return f"{said}\n{text}"
 
 
 def main() -> None:
