@@ -75,7 +75,7 @@ spec-bench: setup models data drafts
 SYSTEM ?= cpu-demo
 BENCHMARKS ?=
 submission: setup $(if $(filter cpu-demo,$(SYSTEM)),models data)
-	$(PY) -m compliance.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+	$(PY) -m harness.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
 # The measurement report (harness/measure/report.py): each configuration of the ablation on SYSTEM's Server
 # settings, its Offline throughput and its capacity at the latency limits, then build/report/report.html

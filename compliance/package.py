@@ -180,7 +180,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     calibration = load_calibration(logs)
     if calibration is not None:
         with open(out / "README.md", "a") as f:
-            method = calibration.get("method", "`python -m harness.measure.calibrate`")
+            method = calibration.get("method", "the load calibration")  # the calibration names itself
             f.write(
                 f"\n## The load of this run\n\nCalibrated on the machine that ran it ({method}, whose method its "
                 f"docstring states): {calibration['summary']}. user.conf here is the committed one with that "
@@ -214,7 +214,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
 
 
 def load_calibration(logs: Path) -> dict | None:
-    """The scenario's calibration (harness.measure.calibrate) from its log folder, if the chain ran one."""
+    """The scenario's calibration (calibration/calibration.json) from its log folder, if the chain ran one."""
     path = logs / "calibration" / "calibration.json"
     return json.loads(path.read_text()) if path.is_file() else None
 

@@ -140,7 +140,7 @@ def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
         plan = subprocess.run(
             ["make", "-n", "submission", f"SYSTEM={rig}"], cwd=REPO, env=env, capture_output=True, text=True
         ).stdout
-        assert "compliance.submission --system " + rig in plan
+        assert "harness.submission --system " + rig in plan
         assert "convert_gguf" not in plan and "demo_data" not in plan
     demo = subprocess.run(["make", "-n", "submission"], cwd=REPO, env=env, capture_output=True, text=True).stdout
     assert "convert_gguf" in demo and "demo_data" in demo

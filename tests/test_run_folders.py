@@ -141,7 +141,7 @@ def test_names_that_are_paths_touch_nothing_outside_the_build_folder(root, tmp_p
     runs_before = {p: p.read_bytes() for p in (root / "build").rglob(STATUS_FILE)}
     commands = [
         (
-            "compliance.submission",
+            "harness.submission",
             "--system",
             "tiny",
             "--root",

@@ -48,7 +48,6 @@ from pathlib import Path
 
 from accuracy.dataset import Dataset, load_dataset
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import RUN_START_S
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import (
     CapacitySearch,
@@ -58,6 +57,7 @@ from harness.measure.capacity import (
     search_capacity,
     trial_from_detail,
 )
+from harness.measure.estimates import RUN_START_S
 from harness.measure.run_logs import read_run
 from harness.run_worker import RunWorker, worker_command
 from systems.benchmarks import BENCHMARKS

@@ -40,9 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accuracy.dataset import DatasetError, load_dataset
-from compliance.submission import harness_command, predicted_minutes
+from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, search_capacity
+from harness.measure.estimates import predicted_minutes
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -51,6 +52,7 @@ GROW = 1.25  # the bracket's step up or down
 TOLERANCE = 0.08  # the bracket's width at which the search stops (failed / passed - 1)
 TRIALS = 6  # LoadGen runs at most
 RUN_SHARE = 0.9  # of the capacity found: the rate the scenario's runs take
+METHOD = "`python -m harness.measure.calibrate`"  # in calibration.json: what the packaged README names
 MARGIN = (
     f"the runs take {RUN_SHARE:.0%} of the highest VALID rate, as a search's runs near the edge pass or fail by "
     "chance: measurements/README.md, 'At the capacity', gives the spread measured"
@@ -157,7 +159,7 @@ def find_capacity(
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
     """The scenario's three runs at `qps` on its committed user.conf (the chain's estimate)."""
     conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
-    return 60 * predicted_minutes(conf, dataset_size)
+    return 60 * predicted_minutes(conf, trials.loadgen_model, dataset_size)
 
 
 def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float) -> str:
@@ -225,7 +227,8 @@ def main() -> None:
             find_capacity(cal, trials, start, budget, len(dataset))
         except CapacityError as e:
             sys.exit(f"error: calibrate: {e}")
-    (out / "calibration.json").write_text(json.dumps({**asdict(cal), "summary": cal.summary()}, indent=2) + "\n")
+    record = {**asdict(cal), "summary": cal.summary(), "method": METHOD}
+    (out / "calibration.json").write_text(json.dumps(record, indent=2) + "\n")
     if cal.target_qps is not None:
         (out / "user.conf").write_text(calibrated_user_conf(cfg.user_conf, loadgen_model, cal.target_qps))
     elif (out / "user.conf").exists():

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import performance_seconds
+from harness.measure.estimates import performance_seconds
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 
 TRIAL_MIN_DURATION_MS = 60_000
@@ -256,7 +256,8 @@ class LoadGenTrials:
         return trial_conf(self.conf_text, self.loadgen_model, qps, self.limits_ms, count)
 
     def seconds(self, qps: float) -> float:
-        return performance_seconds(self.conf(qps), TRIAL_MIN_QUERIES)  # trial_conf sets both lengths
+        # trial_conf sets both lengths
+        return performance_seconds(self.conf(qps), self.loadgen_model, TRIAL_MIN_QUERIES)
 
     def execute(self, conf: Path, logs: Path, what: str) -> None:
         """The trial's LoadGen run, CapacityError naming `what` where it fails: `command`'s process."""
