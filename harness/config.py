@@ -15,6 +15,7 @@ import mlperf_loadgen as lg
 from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.audit_config import AUDIT_CONFIGS
 from systems.benchmarks import BENCHMARKS, ENTRIES, Benchmark
+from systems.paths import committed_user_conf, run_logs
 from systems.schema import REPO, System, SystemConfigError
 
 
@@ -241,11 +242,11 @@ class RunConfig:
         if mode == "accuracy" and reference is not None:
             _check_reference(reference, sys_config.dataset_for(benchmark, mode), system)
         if loadgen:
-            user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
+            user_conf = user_conf or committed_user_conf(root, system, benchmark, scenario)
             check_user_conf(user_conf)
         if log_dir is not None and log_dir.exists() and not log_dir.is_dir():
             raise HarnessConfigError(f"--log-dir {log_dir} is a file, not a folder")
-        log_dir = log_dir or root / "build" / "logs" / system / benchmark / scenario / mode
+        log_dir = log_dir or run_logs(root, system, benchmark, scenario, mode)
         tokenizer = None
         if mode == "accuracy":  # scoring needs it: found missing now, not after the whole run
             try:

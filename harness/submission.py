@@ -38,6 +38,7 @@ from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
 from harness.commands import harness_command, root_args
 from harness.measure.estimates import predicted_minutes
 from systems.benchmarks import BENCHMARKS, loadgen_double, with_conf_value
+from systems.paths import build_dir, committed_user_conf, logs_dir, scenario_logs, submission_dir
 from systems.schema import REPO, System, SystemConfigError
 
 MODES = BASE_MODES  # a benchmark's own: run_modes(benchmark)
@@ -229,7 +230,7 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     it is left out (the reason printed and kept in its calibration.json)."""
     server = load_calibration(logs.parent / "Server")
     loadgen_model = BENCHMARKS[benchmark].loadgen_name(scenario)
-    committed = root / "measurements" / system.name / benchmark / scenario / "user.conf"
+    committed = committed_user_conf(root, system.name, benchmark, scenario)
     reason = None
     if (
         system.demo
@@ -308,9 +309,10 @@ def chain(system_name: str, benchmarks: list[str] | None, out: Path, root: Path)
     system = System.load(system_name, root)
     benchmarks = benchmarks or sorted(system.datasets)
     check_before_runs(system, benchmarks)
-    build = root / "build"
+    build = build_dir(root)
     # One chain per system at a time: it clears and fills build/logs/<system>/.
-    with FolderLock(build / "logs" / f".{system_name}.chain.lock", f"the submission chain of system {system_name!r}"):
+    lock = logs_dir(root) / f".{system_name}.chain.lock"
+    with FolderLock(lock, f"the submission chain of system {system_name!r}"):
         return _chain(system, benchmarks, out, root, build, start)
 
 
@@ -318,7 +320,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
     system_name = system.name
     for benchmark in benchmarks:
         for scenario in system.scenarios:
-            logs = root / "build" / "logs" / system_name / benchmark / scenario
+            logs = scenario_logs(root, system_name, benchmark, scenario)
             clear_build_folder(logs, build)  # no run or calibration of an earlier chain stays
             user_conf = []
             if scenario in LATENCY_SCENARIOS:
@@ -338,7 +340,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
                 run_step(command + user_conf)
                 for _ in range(OFFLINE_RERUNS if scenario == "Offline" and mode == "performance" else 0):
                     rerun = offline_rate(
-                        root / "measurements" / system_name / benchmark / scenario / "user.conf",
+                        committed_user_conf(root, system_name, benchmark, scenario),
                         BENCHMARKS[benchmark].loadgen_name(scenario),
                         logs,
                     )
@@ -381,7 +383,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmarks", nargs="*")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
+    parser.add_argument("--out", type=Path, default=submission_dir(REPO))
     parser.add_argument(
         "--root",
         type=Path,

@@ -70,6 +70,7 @@ from harness.measure.report_page import write_page
 from harness.measure.roofline import bound
 from harness.measure.run_logs import DETAIL_LOG, REPLAY_LOG, RunLogError, RunLogs, meets, read_run
 from systems.benchmarks import BENCHMARKS
+from systems.paths import report_dir
 from systems.schema import REPO, System, SystemConfigError
 
 QUALITY_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -444,7 +445,7 @@ def main() -> None:
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmark", default="llama3.1-8b")
     parser.add_argument("--logs", type=Path, nargs="+", help="build the page from these runs' folders (no runs)")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "report")
+    parser.add_argument("--out", type=Path, default=report_dir(REPO))
     parser.add_argument(
         "--traffic",
         type=Path,
