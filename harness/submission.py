@@ -3,12 +3,12 @@ scenario, the performance, accuracy and compliance runs (TEST06; TEST07 and TEST
 compliance.package.run_modes) through `python -m harness run` (harness/commands.py); then the tree
 (compliance/package.py) and our checker (compliance/check.py) over it. Data flows one way: the chain
 drives the harness's runs and its measurement, then compliance's packager and checker; compliance
-knows nothing of how a harness command is spelled.
+builds and starts no harness command.
 
-A latency scenario (Server, Interactive) is first calibrated on this machine (harness.measure.calibrate: its
-capacity at the latency limits, found by LoadGen runs): its runs take a share of the capacity
-found there, and a scenario no load can meet here is left out, with the reason, in the chain's
-output and the tree's documentation. A demo system also leaves out
+A latency scenario (Server, Interactive) is first calibrated on this machine
+(harness.measure.calibrate: its capacity at the latency limits, found by LoadGen runs): its runs
+take a share of the capacity found there, and a scenario no load can meet here is left out, with
+the reason, in the chain's output and the tree's documentation. A demo system also leaves out
 Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server covers the checker's
 "one of Server and Interactive"). An Offline performance run that ends before its min_duration
 (a machine faster than the committed target_qps assumes) is run again at the rate it measured
@@ -257,14 +257,8 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     budget = ["--budget-min", f"{DEMO_BUDGET_MIN - (time.time() - start) / 60:.2f}"] if system.demo else []
     first = start_qps(logs, scenario, server)
     command = ["-m", "harness.measure.calibrate", "--system", system.name, "--benchmark", benchmark]
-    run_step(
-        [
-            *(sys.executable, *command, "--scenario", scenario),
-            *(["--start-qps", f"{first:.4f}"] if first else []),
-            *budget,
-            *root_args(root),
-        ]
-    )
+    command += ["--scenario", scenario, *(["--start-qps", f"{first:.4f}"] if first else []), *budget, *root_args(root)]
+    run_step([sys.executable, *command])
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
         overrun = past_budget(
