@@ -75,16 +75,16 @@ spec-bench: setup models data drafts
 SYSTEM ?= cpu-demo
 BENCHMARKS ?=
 submission: setup $(if $(filter cpu-demo,$(SYSTEM)),models data)
-	$(PY) -m compliance.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
+	$(PY) -m harness.submission --system $(SYSTEM) $(if $(BENCHMARKS),--benchmarks $(BENCHMARKS))
 
-# The measurement report (harness/report.py): each configuration of the ablation on SYSTEM's Server
+# The measurement report (harness/measure/report.py): each configuration of the ablation on SYSTEM's Server
 # settings, its Offline throughput and its capacity at the latency limits, then build/report/report.html
 # and report.md. TRAFFIC=FILE.jsonl: a user's traffic sample in place of the benchmark's dataset
-# (harness/traffic.py). From existing runs instead: `python -m harness.report --logs DIR...`.
+# (harness/measure/traffic.py). From existing runs instead: `python -m harness.measure.report --logs DIR...`.
 BENCHMARK ?= llama3.1-8b
 TRAFFIC ?=
 report: setup $(if $(filter cpu-demo,$(SYSTEM)),models data drafts)
-	$(PY) -m harness.report --system $(SYSTEM) --benchmark $(BENCHMARK) $(if $(TRAFFIC),--traffic $(TRAFFIC)) $(REPORT_ARGS)
+	$(PY) -m harness.measure.report --system $(SYSTEM) --benchmark $(BENCHMARK) $(if $(TRAFFIC),--traffic $(TRAFFIC)) $(REPORT_ARGS)
 
 # On a CUDA machine (under 8 minutes): every Triton kernel against its reference, then the attention
 # and engine-step benchmarks; results in build/gpu-check/. Without a GPU it says so and exits 0. It

@@ -39,6 +39,7 @@ from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_l
 from compliance.run_folder import RunFolderError, check_inside, complete_run, sha256_of
 from compliance.run_identity import identity_mismatches
 from systems.benchmarks import BENCHMARKS
+from systems.paths import run_logs, scenario_logs, scenario_settings, submission_dir
 from systems.schema import REPO, System, SystemConfigError
 
 # The official truncation step keeps the first and last 4 KiB of a results accuracy log.
@@ -180,7 +181,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
     calibration = load_calibration(logs)
     if calibration is not None:
         with open(out / "README.md", "a") as f:
-            method = calibration.get("method", "`python -m harness.calibrate`")
+            method = calibration.get("method", "the load calibration")  # the calibration names itself
             f.write(
                 f"\n## The load of this run\n\nCalibrated on the machine that ran it ({method}, whose method its "
                 f"docstring states): {calibration['summary']}. user.conf here is the committed one with that "
@@ -214,7 +215,7 @@ def package_scenario(system: System, benchmark: str, scenario: str, settings: Pa
 
 
 def load_calibration(logs: Path) -> dict | None:
-    """The scenario's calibration (harness.calibrate) from its log folder, if the chain ran one."""
+    """The scenario's calibration (calibration/calibration.json) from its log folder, if the chain ran one."""
     path = logs / "calibration" / "calibration.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
@@ -240,7 +241,7 @@ def speculation_notes(system: System, benchmarks: list[str], root: Path) -> str:
     notes = []
     for benchmark in benchmarks:
         for scenario in system.scenarios:
-            path = root / "build" / "logs" / system.name / benchmark / scenario / "performance" / SPEC_METRICS_FILE
+            path = run_logs(root, system.name, benchmark, scenario, "performance") / SPEC_METRICS_FILE
             if path.is_file():
                 spec = json.loads(path.read_text())
                 notes.append(
@@ -287,10 +288,10 @@ def package(
     packaged = []  # (benchmark, name, scenario, its run logs), each checked before anything is written
     for benchmark, name in names.items():
         for scenario in system.scenarios:
-            logs = root / "build" / "logs" / system.name / benchmark / scenario
+            logs = scenario_logs(root, system.name, benchmark, scenario)
             calibration = load_calibration(logs)
             if calibration is None or calibration["target_qps"] is not None:  # None: this machine meets no load
-                check_runs(benchmark, scenario, root / "measurements" / system.name / benchmark / scenario, logs)
+                check_runs(benchmark, scenario, scenario_settings(root, system.name, benchmark, scenario), logs)
             packaged.append((benchmark, name, scenario, logs, calibration))
     speculation = speculation_notes(system, list(names), root)
     if speculation:
@@ -332,7 +333,7 @@ def package(
             with open(org / "documentation" / "README.md", "a") as f:
                 f.write(f"\n{name} {calibration['summary']}\n")  # "<Scenario>: left out: why"
             continue
-        settings = root / "measurements" / system.name / benchmark / scenario
+        settings = scenario_settings(root, system.name, benchmark, scenario)
         failures += [f"{results}: {f}" for f in package_scenario(system, benchmark, scenario, settings, logs, results)]
     return org, failures
 
@@ -341,7 +342,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmarks", nargs="*")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
+    parser.add_argument("--out", type=Path, default=submission_dir(REPO))
     parser.add_argument(
         "--root", type=Path, default=REPO, help="the folder holding systems/, measurements/ and build/logs/"
     )

@@ -1,2 +1,5 @@
-"""LoadGen harnesses (Offline, Server, Interactive) and QSL, the load calibration, and the run CLI
-(`python -m harness run`)."""
+"""The harness's two jobs. The LoadGen run, at this package's top: the SUT adapters (Offline,
+Server, Interactive) and QSL, the run configuration (user.conf), the run CLI (`python -m harness
+run`) and the run worker. The measurement, in harness.measure: the load calibration, the capacity
+search and the measurement report, which drive those runs. Beside them, the `make submission` chain
+(`python -m harness.submission`): the runs, then compliance's packager and checker."""

@@ -48,7 +48,7 @@ def main() -> None:
         "--user-conf",
         type=Path,
         help="LoadGen settings in place of the committed user.conf "
-        "(e.g. the one harness.calibrate wrote for this machine)",
+        "(e.g. the one harness.measure.calibrate wrote for this machine)",
     )
     run_parser.add_argument(
         "--root",
@@ -72,7 +72,7 @@ def main() -> None:
         "--dataset",
         type=Path,
         help="samples from this file (the benchmark's dataset format) in place of the system's: a user's "
-        "traffic (python -m harness.report --traffic converts it); never for a submission",
+        "traffic (python -m harness.measure.report --traffic converts it); never for a submission",
     )
     run_parser.add_argument(
         "--no-warmup", action="store_true", help="start LoadGen without the engine's warm-up (to measure what it saves)"

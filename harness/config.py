@@ -15,6 +15,7 @@ import mlperf_loadgen as lg
 from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.audit_config import AUDIT_CONFIGS
 from systems.benchmarks import BENCHMARKS, ENTRIES, Benchmark
+from systems.paths import committed_user_conf, run_logs
 from systems.schema import REPO, System, SystemConfigError
 
 
@@ -188,7 +189,7 @@ class RunConfig:
     benchmark: Benchmark
     scenario: str
     mode: str
-    user_conf: Path | None  # None: a run without LoadGen (harness/replay.py)
+    user_conf: Path | None  # None: a run without LoadGen (harness/measure/replay.py)
     log_dir: Path
     warmup: bool = True  # the engine's warm-up before LoadGen starts
     log_responses: bool = False  # every response in the accuracy log, in performance mode too (the report's runs)
@@ -212,10 +213,10 @@ class RunConfig:
         loadgen: bool = True,
     ) -> "RunConfig":
         """`user_conf`: instead of the committed measurements/<system>/<benchmark>/<Scenario>/user.conf
-        (harness.calibrate writes one for this machine). `engine`: settings over the system's for this
+        (harness.measure.calibrate writes one for this machine). `engine`: settings over the system's for this
         run (one configuration of a comparison), checked like the file's; `log_dir`: instead of
         build/logs/<system>/<benchmark>/<Scenario>/<mode>/, so such a run keeps the system's logs.
-        `loadgen` False: a run that reads no user.conf (harness/replay.py)."""
+        `loadgen` False: a run that reads no user.conf (harness/measure/replay.py)."""
         if benchmark not in BENCHMARKS:
             raise HarnessConfigError(f"unknown benchmark {benchmark!r}; known: {sorted(BENCHMARKS)}")
         if scenario not in SCENARIOS:
@@ -241,11 +242,11 @@ class RunConfig:
         if mode == "accuracy" and reference is not None:
             _check_reference(reference, sys_config.dataset_for(benchmark, mode), system)
         if loadgen:
-            user_conf = user_conf or root / "measurements" / system / benchmark / scenario / "user.conf"
+            user_conf = user_conf or committed_user_conf(root, system, benchmark, scenario)
             check_user_conf(user_conf)
         if log_dir is not None and log_dir.exists() and not log_dir.is_dir():
             raise HarnessConfigError(f"--log-dir {log_dir} is a file, not a folder")
-        log_dir = log_dir or root / "build" / "logs" / system / benchmark / scenario / mode
+        log_dir = log_dir or run_logs(root, system, benchmark, scenario, mode)
         tokenizer = None
         if mode == "accuracy":  # scoring needs it: found missing now, not after the whole run
             try:

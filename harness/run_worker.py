@@ -1,4 +1,4 @@
-"""LoadGen runs on one engine that stays loaded: the report's runs of a configuration (harness/ablation.py)
+"""LoadGen runs on one engine that stays loaded: the report's runs of a configuration (harness/measure/ablation.py)
 pay the model's load and warm-up once, not once per trial.
 
 `python -m harness.run_worker --system S --benchmark B [--root R] [--engine JSON] [--dataset F]

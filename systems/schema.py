@@ -67,7 +67,7 @@ class System:
     benchmark_engine: dict[str, dict] = field(default_factory=dict)
     # ... which is here: benchmark -> scenario -> settings, over `scenario_engine` (the most specific).
     benchmark_scenario_engine: dict[str, dict[str, dict]] = field(default_factory=dict)
-    # The measurement report's settings (harness/ablation.py): samples, rates, proposers, numerics, price.
+    # The measurement report's settings (harness/measure/ablation.py): samples, rates, proposers, numerics, price.
     report: dict = field(default_factory=dict)
     # benchmark -> {mode or accuracy file -> path}: the sets of modes other than performance, and the
     # files its accuracy script reads (ACCURACY_FILES), where the system file names them.

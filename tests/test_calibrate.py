@@ -1,4 +1,4 @@
-"""The load calibration (harness/calibrate.py): a scenario whose floors rule it out is left out
+"""The load calibration (harness/measure/calibrate.py): a scenario whose floors rule it out is left out
 naming the floor; otherwise the capacity search's LoadGen runs set the target (RUN_SHARE of the
 highest VALID rate), within the time the chain gives it; end to end on the tiny system, every trial
 is a LoadGen run whose verdict is LoadGen's; the calibrated user.conf differs from the committed one
@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import interactive_past_budget, past_budget, predicted_minutes
-from harness.calibrate import (
+from harness.config import check_user_conf
+from harness.measure.calibrate import (
     RUN_SHARE,
     TRIALS,
     Calibration,
@@ -21,8 +21,9 @@ from harness.calibrate import (
     find_capacity,
     measure_floors,
 )
-from harness.capacity import LoadGenTrials, Trial
-from harness.config import check_user_conf
+from harness.measure.capacity import LoadGenTrials, Trial
+from harness.measure.estimates import predicted_minutes
+from harness.submission import interactive_past_budget, past_budget
 from sut import LLMEngine, SamplingParams
 from systems.benchmarks import loadgen_double
 from systems.schema import REPO
@@ -73,7 +74,7 @@ def test_the_runs_take_their_share_of_the_capacity_found():
 
 def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
     clock = [0.0]
-    monkeypatch.setattr("harness.calibrate.time.perf_counter", lambda: clock[0])
+    monkeypatch.setattr("harness.measure.calibrate.time.perf_counter", lambda: clock[0])
     # 460 queries at 0.1 QPS alone take 77 minutes: no trial fits 10.
     cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
     find_capacity(cal, KnownCapacity(0.05, clock), 0.1, 10 * 60, 100)
@@ -87,14 +88,14 @@ def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
 
 
 def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp_path):
-    """`python -m harness.calibrate` end to end: each trial a LoadGen run (its user.conf and logs in
-    calibration/capacity/), the trials' verdicts LoadGen's, the run's user.conf at the target."""
+    """`python -m harness.measure.calibrate` end to end: each trial a LoadGen run (its user.conf and
+    logs in calibration/capacity/), the trials' verdicts LoadGen's, the run's user.conf at the target."""
     root = tmp_path / "repo"
     shutil.copytree(chain[0], root, ignore=shutil.ignore_patterns("submission"))
     stale = root / "build/logs/tiny/llama3.1-8b/Server/calibration/capacity/01-9.000qps.conf"
     stale.parent.mkdir(parents=True)
     stale.write_text("an earlier search's trial\n")
-    command = [sys.executable, "-m", "harness.calibrate", "--system", "tiny", "--scenario", "Server"]
+    command = [sys.executable, "-m", "harness.measure.calibrate", "--system", "tiny", "--scenario", "Server"]
     done = subprocess.run(
         [*command, "--start-qps", "100", "--budget-min", "1.5", "--root", str(root)],
         cwd=REPO,
@@ -113,6 +114,7 @@ def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp
         assert detail["effective_target_qps"] == trial["qps"]  # the rate as LoadGen logs it
     assert f"llama3_1-8b.Server.target_qps = {cal['target_qps']:.4f}\n" in (out / "user.conf").read_text()
     assert cal["summary"] in done.stdout
+    assert cal["method"] == "`python -m harness.measure.calibrate`"  # the packaged README names it
     assert len(list((out / "capacity").glob("*.conf"))) == len(cal["trials"])  # the earlier search's are gone
 
 
@@ -133,16 +135,17 @@ def test_calibrated_user_conf_changes_only_target_qps(tmp_path):
 
 
 def test_predicted_minutes_of_a_latency_scenario(tmp_path):
-    from compliance.submission import RUN_START_S
+    from harness.measure.estimates import RUN_START_S
 
     conf = "llama3_1-8b.Server.target_qps = 0.5\nllama3_1-8b.Server.min_query_count = 460\n"
+    model = "llama3_1-8b"
     # 460 + 200 + 100 queries at 0.5 QPS, and three runs' starts: 25.8 min
-    assert predicted_minutes(conf, 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60 + 3 * RUN_START_S / 60)
-    assert past_budget(conf, 200, elapsed_min=4) is None
-    assert past_budget(conf, 200, elapsed_min=5).startswith("its runs would take 26 min, past the demo's 30-min")
+    assert predicted_minutes(conf, model, 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60 + 3 * RUN_START_S / 60)
+    assert past_budget(conf, model, 200, elapsed_min=4) is None
+    assert past_budget(conf, model, 200, elapsed_min=5).startswith("its runs would take 26 min, past the demo's 30-min")
     # A min_duration longer than the queries' arrivals sets the performance run's length.
     longer = conf.replace("target_qps = 0.5", "target_qps = 50") + "llama3_1-8b.Server.min_duration = 60000\n"
-    assert predicted_minutes(longer, 200) == pytest.approx((60 + 300 / 50 + 3 * RUN_START_S) / 60)
+    assert predicted_minutes(longer, model, 200) == pytest.approx((60 + 300 / 50 + 3 * RUN_START_S) / 60)
 
 
 def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_the_budget():
@@ -151,14 +154,15 @@ def test_interactive_is_left_out_uncalibrated_when_even_servers_rate_overruns_th
     )
     # (460 + 100 + 100) queries at 0.7 QPS: 15.7 min
     server = {"target_qps": 0.7, "ttft_floor_ms": 325.4, "tpot_floor_ms": 9.31}
-    assert interactive_past_budget(committed, 100, server, (500, 30), elapsed_min=10) is None
-    reason = interactive_past_budget(committed, 100, server, (500, 30), elapsed_min=23)
+    model = "llama3_1-8b-interactive"
+    assert interactive_past_budget(committed, model, 100, server, (500, 30), elapsed_min=10) is None
+    reason = interactive_past_budget(committed, model, 100, server, (500, 30), elapsed_min=23)
     assert reason.startswith("Interactive: left out:") and "Server's 0.700 QPS" in reason and "16 min" in reason
     assert "longest prompt alone at 325 ms" in reason and "batch 1 at 9.3 ms" in reason and "500 / 30 ms" in reason
 
 
 def test_the_search_starts_from_offlines_rate_or_servers_capacity(tmp_path):
-    from compliance.submission import INTERACTIVE_START_SHARE, START_SHARE, start_qps
+    from harness.submission import INTERACTIVE_START_SHARE, START_SHARE, start_qps
 
     logs = tmp_path / "llama3.1-8b"
     assert start_qps(logs / "Server", "Server", None) is None  # no Offline run: the committed target_qps

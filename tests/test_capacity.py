@@ -1,10 +1,10 @@
-"""The capacity search (harness/capacity.py) on runs whose verdict is known: a rate passes when it is
+"""The capacity search (harness/measure/capacity.py) on runs whose verdict is known: a rate passes when it is
 at most the true capacity. It brackets up and down from its start, bisects to its tolerance, and
 stops at its run budget."""
 
 import pytest
 
-from harness.capacity import Trial, search_capacity
+from harness.measure.capacity import Trial, search_capacity
 
 
 def runs_of_capacity(capacity: float):
@@ -159,7 +159,7 @@ def test_the_search_on_loadgen_runs_finds_a_known_capacity(tmp_path, start):
     from pathlib import Path
 
     from compliance.loadgen_logs import read_detail_log
-    from harness.capacity import LoadGenTrials
+    from harness.measure.capacity import LoadGenTrials
 
     server = Path(__file__).with_name("fake_queue_server.py")
     trials = LoadGenTrials(

@@ -60,11 +60,11 @@ def test_harness_run_bad_engine_setting(root):
 
 
 def test_calibrate_unknown_system():
-    assert_one_error_line(run_cli("harness.calibrate", "--system", "nope"), "unknown system 'nope'")
+    assert_one_error_line(run_cli("harness.measure.calibrate", "--system", "nope"), "unknown system 'nope'")
 
 
 def test_submission_unknown_system():
-    assert_one_error_line(run_cli("compliance.submission", "--system", "nope"), "unknown system 'nope'")
+    assert_one_error_line(run_cli("harness.submission", "--system", "nope"), "unknown system 'nope'")
 
 
 def test_submission_names_the_failed_run_and_its_error(root, smollm2_dir):
@@ -73,7 +73,7 @@ def test_submission_names_the_failed_run_and_its_error(root, smollm2_dir):
     (root / "model").mkdir()
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy2(smollm2_dir / name, root / "model" / name)
-    done = run_cli("compliance.submission", "--system", "t", "--root", root, "--out", root / "submission")
+    done = run_cli("harness.submission", "--system", "t", "--root", root, "--out", root / "submission")
     assert_one_error_line(
         done,
         "harness run --system t --benchmark llama3.1-8b --scenario Offline --mode performance",

@@ -214,9 +214,9 @@ def test_step_bench_runs_one_rank_of_a_deepseek_r1_shaped_fp8_model():
 
 
 def test_one_peak_measurement_serves_the_report_and_the_gpu_check():
-    """sut/bench/peaks.py measures for both: the report's (harness/roofline.py: 256 MiB, 2048-square,
+    """sut/bench/peaks.py measures for both: the report's (harness/measure/roofline.py: 256 MiB, 2048-square,
     best of 5) and the GPU check's (its own sizes and timer, here a stub that says each call took 1 ms)."""
-    from harness.roofline import measure_peaks as report_peaks
+    from harness.measure.roofline import measure_peaks as report_peaks
     from sut.bench.peaks import data_sheet_peaks, measure_peaks
 
     timed = []

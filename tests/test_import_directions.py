@@ -1,6 +1,8 @@
 """Imports run one way (README, Layout): each package may import only the packages of ours listed
-for it, and inside sut/ each layer only the layers below it; no module of ours imports itself
-back through others. Every .py under those packages is parsed, imports at any depth (inside
+for it, inside sut/ each layer only the layers below it, and inside harness/ the LoadGen run (its
+top) below the measurement (harness/measure/) below the `make submission` chain
+(harness/submission.py), which alone drives compliance's packager and checker; no module of ours
+imports itself back through others. Every .py under those packages is parsed, imports at any depth (inside
 functions too), `from x import`, and relative imports resolved against the file's package."""
 
 import ast
@@ -32,6 +34,15 @@ SUT_LAYERS = [
     ("engine", ["sut/engine"]),
     ("api", ["sut/__init__.py"]),
     ("tools", ["sut/tools", "sut/bench"]),
+]
+# harness/'s jobs, lowest first, each file in the layer of its longest path below: the LoadGen run
+# (every file at harness/'s top that is not named below), the measurement that drives and reads the
+# runs, the chain that drives both and then packages and checks. The runs know nothing of how they
+# are measured; the measurement nothing of the chain.
+HARNESS_LAYERS = [
+    ("run", ["harness"]),
+    ("measure", ["harness/measure"]),
+    ("chain", ["harness/submission.py"]),
 ]
 OURS = set(ALLOWED) | {"tests"}
 # The engine never drives LoadGen; systems is read by everyone, so it needs nothing installed.
@@ -75,12 +86,18 @@ def forbidden_imports(root: Path) -> list[str]:
     return found
 
 
-def layer_of(relative: str) -> int:
-    """The index in SUT_LAYERS of sut/ file `relative` (a path under the repository)."""
-    for index, (_, members) in enumerate(SUT_LAYERS):
-        if any(relative == m or relative.startswith(m + "/") for m in members):
-            return index
-    raise AssertionError(f"{relative} is in none of SUT_LAYERS: give it a layer")
+def layer_of(relative: str, layers=SUT_LAYERS) -> int:
+    """The index in `layers` of file `relative` (a path under the repository): the layer of its longest
+    member that is the file or a folder above it."""
+    found = [
+        (len(m), index)
+        for index, (_, members) in enumerate(layers)
+        for m in members
+        if relative == m or relative.startswith(m + "/")
+    ]
+    if not found:
+        raise AssertionError(f"{relative} is in none of the layers: give it a layer")
+    return max(found)[1]
 
 
 def module_file(root: Path, module: str) -> Path | None:
@@ -112,15 +129,15 @@ def our_imports(root: Path, packages) -> dict[str, set[str]]:
     return graph
 
 
-def layer_violations(root: Path) -> list[str]:
-    """'a -> b (layer x above y)' for every sut/ file that imports a layer above its own."""
+def layer_violations(root: Path, package: str = "sut", layers=SUT_LAYERS) -> list[str]:
+    """'a -> b (layer x above y)' for every file of `package` that imports a layer above its own."""
     found = []
-    for source, targets in our_imports(root, ["sut"]).items():
-        for target in sorted(t for t in targets if t.startswith("sut/")):
-            if layer_of(target) > layer_of(source):
+    for source, targets in our_imports(root, [package]).items():
+        for target in sorted(t for t in targets if t.startswith(package + "/")):
+            if layer_of(target, layers) > layer_of(source, layers):
                 found.append(
-                    f"{source} -> {target} ({SUT_LAYERS[layer_of(source)][0]} imports "
-                    f"{SUT_LAYERS[layer_of(target)][0]}, a layer above it)"
+                    f"{source} -> {target} ({layers[layer_of(source, layers)][0]} imports "
+                    f"{layers[layer_of(target, layers)][0]}, a layer above it)"
                 )
     return found
 
@@ -165,6 +182,24 @@ def test_sut_layers_import_only_below():
     assert layer_violations(REPO) == []
 
 
+def test_harness_jobs_import_only_below():
+    """The run below the measurement below the chain: harness/'s top imports neither harness/measure/
+    nor harness/submission.py, harness/measure/ not the chain."""
+    assert layer_violations(REPO, "harness", HARNESS_LAYERS) == []
+
+
+def test_only_the_chain_drives_the_packager_and_the_checker():
+    """compliance's packager and checker are the chain's to call (harness/submission.py), not the
+    run's or the measurement's, which read run folders and logs only."""
+    callers = set()
+    for path in (REPO / "harness").rglob("*.py"):
+        for _, module, names in imported_modules(ast.parse(path.read_text()), []):
+            modules = {module, *(f"{module}.{name}" for name in names)}
+            if modules & {"compliance.package", "compliance.check"}:
+                callers.add(path.relative_to(REPO).as_posix())
+    assert callers == {"harness/submission.py"}
+
+
 def test_no_import_cycle_anywhere():
     assert import_cycles(our_imports(REPO, sorted(OURS))) == []
 
@@ -196,6 +231,20 @@ def test_the_cycle_and_layer_checks_catch_what_they_look_for(tmp_path):
     ]
     assert import_cycles(our_imports(tmp_path, ["sut"])) == [
         ["sut/engine/a.py", "sut/engine/b.py", "sut/model/llama.py"]
+    ]
+    (tmp_path / "harness" / "measure").mkdir(parents=True)
+    for name in ("harness/__init__.py", "harness/measure/__init__.py", "harness/measure/report.py"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "harness" / "config.py").write_text("")
+    (tmp_path / "harness" / "run.py").write_text("from harness.config import X\nfrom harness.measure import report\n")
+    (tmp_path / "harness" / "measure" / "capacity.py").write_text(
+        "from harness import config\nfrom .report import R\n\n\ndef f():\n    from harness import submission\n"
+    )
+    (tmp_path / "harness" / "submission.py").write_text("import harness.run\nfrom harness.measure import capacity\n")
+    assert layer_violations(tmp_path, "harness", HARNESS_LAYERS) == [
+        "harness/measure/capacity.py -> harness/submission.py (measure imports chain, a layer above it)",
+        "harness/run.py -> harness/measure/__init__.py (run imports measure, a layer above it)",
+        "harness/run.py -> harness/measure/report.py (run imports measure, a layer above it)",
     ]
 
 

@@ -1,4 +1,4 @@
-"""The report's numerics options (harness/ablation.py, item 5): an engine setting set to a value (true
+"""The report's numerics options (harness/measure/ablation.py, item 5): an engine setting set to a value (true
 unless given), off (the setting's EngineConfig default) in every configuration before them, cumulative
 unless an option says otherwise; and a system file's bad option refused by its key."""
 
@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from harness.ablation import configurations, report_settings
 from harness.config import HarnessConfigError
+from harness.measure.ablation import configurations, report_settings
 from systems.schema import System
 
 BENCHMARK = "llama3.1-8b"

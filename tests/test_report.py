@@ -1,4 +1,4 @@
-"""The measurement report (harness/report.py): goodput and cost on a hand-built log whose answers are
+"""The measurement report (harness/measure/report.py): goodput and cost on a hand-built log whose answers are
 known; then the whole ablation on a tiny model, every figure on its page recomputed here from the
 LoadGen logs it cites, and the page rendered by headless Chromium."""
 
@@ -16,8 +16,8 @@ import pytest
 from accuracy.report import summarization_accuracy
 from compliance.loadgen_logs import MLLOG_MARKER
 from compliance.run_folder import STATUS_FILE, RunFolder
-from harness.report import build, cost_per_million, figures_for, verdict
-from harness.run_logs import RunLogError, loadgen_percentile, read_run
+from harness.measure.report import build, cost_per_million, figures_for, verdict
+from harness.measure.run_logs import RunLogError, loadgen_percentile, read_run
 from systems.benchmarks import BENCHMARKS, loadgen_double
 from systems.schema import REPO
 from tests.helpers import tiny_model_and_dataset
@@ -182,7 +182,7 @@ def report_run(tiny_llama, tmp_path_factory):
     (root / "systems" / "tiny.json").write_text(json.dumps(system))
     out = root / "report"
     done = subprocess.run(
-        [sys.executable, "-m", "harness.report", "--system", "tiny", "--root", str(root), "--out", str(out)],
+        [sys.executable, "-m", "harness.measure.report", "--system", "tiny", "--root", str(root), "--out", str(out)],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -461,7 +461,7 @@ def test_the_page_is_rebuilt_from_existing_runs(report_run, tmp_path):
 
 
 def test_a_rate_run_twice_is_shown_by_its_run_that_met_the_targets(report_run, tmp_path):
-    # A search that retried its bracket's top (harness/capacity.py retries) may hold a failed and a
+    # A search that retried its bracket's top (harness/measure/capacity.py retries) may hold a failed and a
     # passing run at the capacity: the page's figures at the capacity are the passing run's.
     _, out, _, _ = report_run
     runs = tmp_path / "runs"
@@ -578,7 +578,7 @@ def test_a_linear_computed_from_blocks_counts_the_blocks_alone():
 
 
 def test_the_bound_is_the_larger_of_memory_and_compute_time():
-    from harness.roofline import bound
+    from harness.measure.roofline import bound
 
     peaks = {"bandwidth_gbps": 10.0, "flops_tflops": 0.1}
     busy = {"prefill_s": 1.0, "decode_s": 3.0, "min_bytes_read": 20e9, "min_flops": 1e11}
@@ -593,8 +593,8 @@ def test_the_bound_is_the_larger_of_memory_and_compute_time():
 
 
 def test_report_settings_refuse_what_is_malformed():
-    from harness.ablation import report_settings
     from harness.config import HarnessConfigError
+    from harness.measure.ablation import report_settings
     from systems.schema import System
 
     demo = System.load("cpu-demo")
@@ -617,7 +617,7 @@ def test_report_settings_refuse_what_is_malformed():
 def test_a_proposer_for_other_benchmarks_is_left_out():
     """A proposer naming its benchmarks (a model's own MTP module or EAGLE3 head) is measured for
     those alone, without the key in its speculative_config."""
-    from harness.ablation import report_settings
+    from harness.measure.ablation import report_settings
     from systems.schema import System
 
     demo = System.load("cpu-demo")
@@ -628,8 +628,8 @@ def test_a_proposer_for_other_benchmarks_is_left_out():
 
 
 def test_layouts_build_on_the_systems_own_settings_and_a_comparison_selects_by_label():
-    from harness.ablation import configurations, select
     from harness.config import HarnessConfigError
+    from harness.measure.ablation import configurations, select
     from systems.schema import System
 
     demo = System.load("cpu-demo")

@@ -140,7 +140,7 @@ def test_make_submission_on_a_rig_builds_no_demo_model_or_data(tmp_path):
         plan = subprocess.run(
             ["make", "-n", "submission", f"SYSTEM={rig}"], cwd=REPO, env=env, capture_output=True, text=True
         ).stdout
-        assert "compliance.submission --system " + rig in plan
+        assert "harness.submission --system " + rig in plan
         assert "convert_gguf" not in plan and "xsum_demo" not in plan
     demo = subprocess.run(["make", "-n", "submission"], cwd=REPO, env=env, capture_output=True, text=True).stdout
     assert "convert_gguf" in demo and "xsum_demo" in demo
@@ -276,12 +276,12 @@ def test_only_deepseek_r1_and_gpt_oss_interactive_speculate_with_the_references_
 
 
 def test_the_report_of_a_speculating_engine_runs_its_configurations_on_one_engine():
-    """harness/ablation.py at deepseek-r1's Interactive settings (and Server's): only the report's own
+    """harness/measure/ablation.py at deepseek-r1's Interactive settings (and Server's): only the report's own
     proposer configuration speculates (report.proposers: MTP for deepseek-r1; gpt-oss-120b's EAGLE3
     head is not deepseek-r1's), and the run worker's Offline and Server runs get the same settings
     under each configuration's (harness/run_worker.py refuses a run whose differ), also where Server
     itself speculates (as an open-division file might)."""
-    from harness.ablation import configurations
+    from harness.measure.ablation import configurations
 
     def rig(server_speculates: bool) -> System:
         system = System.load("8xH200-SXM-141GB")

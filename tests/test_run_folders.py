@@ -141,7 +141,7 @@ def test_names_that_are_paths_touch_nothing_outside_the_build_folder(root, tmp_p
     runs_before = {p: p.read_bytes() for p in (root / "build").rglob(STATUS_FILE)}
     commands = [
         (
-            "compliance.submission",
+            "harness.submission",
             "--system",
             "tiny",
             "--root",
@@ -154,8 +154,8 @@ def test_names_that_are_paths_touch_nothing_outside_the_build_folder(root, tmp_p
         ),
         ("compliance.package", "--system", "../../sentinel/x", "--root", root, "--out", tmp_path / "out"),
         ("harness", "run", "--system", "../../sentinel/x", "--root", root),
-        ("harness.calibrate", "--system", "../../sentinel/x", "--root", root),
-        ("harness.report", "--system", "../../sentinel/x", "--root", root, "--out", tmp_path / "out"),
+        ("harness.measure.calibrate", "--system", "../../sentinel/x", "--root", root),
+        ("harness.measure.report", "--system", "../../sentinel/x", "--root", root, "--out", tmp_path / "out"),
     ]
     for command in commands:
         done = subprocess.run([sys.executable, "-m", *map(str, command)], capture_output=True, text=True, cwd=REPO)

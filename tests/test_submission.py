@@ -474,7 +474,7 @@ def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rat
     the machine does, they are done before min_duration and the run is INVALID. The chain's
     offline_rate sets target_qps from the rate measured, as LoadGen logs it back; LoadGen's rerun at
     it issues that many samples, and within the chain's reruns one is VALID."""
-    from compliance.submission import OFFLINE_RATE_MARGIN, OFFLINE_RERUNS, offline_rate
+    from harness.submission import OFFLINE_RATE_MARGIN, OFFLINE_RERUNS, offline_rate
 
     root = chain[0]
     # The short run's target_qps asks for fewer samples than min_query_count, so it issues the 24 of
@@ -524,7 +524,7 @@ def test_an_invalid_latency_run_runs_again_at_a_lower_rate_where_it_fits(tmp_pat
     """A Server performance run LoadGen found INVALID at the calibrated rate (the machine slowed since
     its calibration) runs again at LATENCY_RERUN_SHARE of it, its logs kept beside the calibration;
     where the rerun does not fit the budget the INVALID run stays, and calibration.json says why."""
-    from compliance.submission import LATENCY_RERUN_SHARE, latency_rerun
+    from harness.submission import LATENCY_RERUN_SHARE, latency_rerun
 
     logs = tmp_path / "Server"
     (logs / "performance").mkdir(parents=True)

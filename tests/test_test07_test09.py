@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from compliance import check, package, submission, test07, test09
+from compliance import check, package, test07, test09
 from compliance.audit_config import (
     AUDIT_CONFIGS,
     config_differences,
@@ -28,6 +28,7 @@ from compliance.audit_config import (
 )
 from compliance.loadgen_logs import MLLOG_MARKER, read_detail_log
 from compliance.run_folder import RunFolder
+from harness import submission
 from systems.benchmarks import BENCHMARKS, ENTRIES
 from tests.helpers import set_detail_values
 from tests.tiny_system import reseal

@@ -1,4 +1,4 @@
-"""A user's traffic sample (harness/traffic.py): the example file converted with the model's
+"""A user's traffic sample (harness/measure/traffic.py): the example file converted with the model's
 tokenizer, every bad line refused by name, and a LoadGen run on it through `harness run --dataset`
 whose responses have exactly the lengths the sample gives."""
 
@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from accuracy.datasets.reader import load_dataset
-from harness.replay import scaled_arrivals
-from harness.run_logs import RunLogError, loadgen_percentile, read_run
-from harness.traffic import EXAMPLE, TrafficError, convert, mean_interval_s, read_lines
+from harness.measure.replay import scaled_arrivals
+from harness.measure.run_logs import RunLogError, loadgen_percentile, read_run
+from harness.measure.traffic import EXAMPLE, TrafficError, convert, mean_interval_s, read_lines
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO
 from tests.helpers import SMOLLM2_DIR, tiny_model_and_dataset
@@ -141,10 +141,10 @@ def test_arrivals_are_scaled_to_the_mean_rate_asked_for():
 
 
 def run_replay(root, folder, arrivals, qps):
-    """`python -m harness.replay` of folder/traffic.json at `arrivals` scaled to `qps`, into folder/replay."""
+    """`python -m harness.measure.replay` of folder/traffic.json at `arrivals` scaled to `qps`, into folder/replay."""
     (folder / "arrivals.json").write_text(json.dumps(arrivals))
     return subprocess.run(
-        [sys.executable, "-m", "harness.replay", "--system", "tiny", "--root", str(root)]
+        [sys.executable, "-m", "harness.measure.replay", "--system", "tiny", "--root", str(root)]
         + ["--dataset", str(folder / "traffic.json"), "--arrivals", str(folder / "arrivals.json")]
         + ["--qps", str(qps), "--log-dir", str(folder / "replay")],
         capture_output=True,
@@ -186,7 +186,7 @@ def test_the_report_on_traffic_with_arrival_times_searches_by_replays(tiny_root,
     root, traffic = tiny_root
     out = tmp_path / "report"
     done = subprocess.run(
-        [sys.executable, "-m", "harness.report", "--system", "tiny", "--root", str(root), "--out", str(out)]
+        [sys.executable, "-m", "harness.measure.report", "--system", "tiny", "--root", str(root), "--out", str(out)]
         + ["--traffic", str(traffic)],
         capture_output=True,
         text=True,

@@ -30,7 +30,7 @@ class Dataset:
     input_ids: list[list[int]]  # QSL index -> prompt token ids
     references: list[str | None]  # QSL index -> reference output text (None: a table without `output`)
     # QSL index -> the response's length to generate (a user's traffic sample that gives lengths,
-    # harness/traffic.py); None where the benchmark's generation settings decide, as for every benchmark
+    # harness/measure/traffic.py); None where the benchmark's generation settings decide, as for every benchmark
     output_tokens: list[int | None] | None = None
 
     def __len__(self):

@@ -1,7 +1,7 @@
 """The machine's peaks, measured here: its memory bandwidth (a large copy: bytes read plus written
 per second) and its dense matrix-product rate (a square product in a given dtype); and the vendors'
 data-sheet numbers for the GPUs the GPU check knows. One measurement serves both its users: the
-report's hardware bound (harness/roofline.py, before the ablation's runs, on CPU or GPU: a 256 MiB
+report's hardware bound (harness/measure/roofline.py, before the ablation's runs, on CPU or GPU: a 256 MiB
 copy and a 2048-square product, best of REPEATS synchronized wall-clock runs) and the GPU check
 (sut/bench/gpu_check.py: a 2 GiB copy and an 8192-square bf16 product, each timed by Triton's
 do_bench), whose kernel and engine-step ratios are of these numbers. It needs torch alone."""

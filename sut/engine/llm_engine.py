@@ -344,7 +344,7 @@ class LLMEngine:
     def busy_stats(self) -> dict:
         """Seconds the steps took since the engine started (or warmed up), split between prefill and
         decode (Scheduler.record_step says how), what they did (Scheduler.work), and the least they had
-        to move and compute for it (harness/roofline.py): the weights read once per step, each attended
+        to move and compute for it (harness/measure/roofline.py): the weights read once per step, each attended
         token's K/V read once, the linears' FLOPs per token; a tensor-parallel engine's over its ranks."""
         work, r = self.scheduler.work, self.runner
         ranks = len(self.rank_weight_bytes) if self.runner.shard is not None else 1

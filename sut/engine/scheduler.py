@@ -27,7 +27,7 @@ budget (a sequence whose drafts do not fit waits a step rather than drop them, s
 not depend on what else is in the batch); `update_from_output` keeps the verified prefix of them
 and sets the computed tokens back past the rejected ones. Prefilling sequences do not speculate.
 
-Two settings take features away, for the report's ablation (harness/ablation.py). Without
+Two settings take features away, for the report's ablation (harness/measure/ablation.py). Without
 `enable_chunked_prefill` a prompt is computed whole in one step or waits for a step with room.
 `static_batching` batches as the MLPerf reference SUTs do with transformers' generate. How requests
 are batched and the TPOT bound are policies the scheduler asks (sut/engine/policies.py); drafts
@@ -55,7 +55,7 @@ class Scheduler:
         self.costs = StepCosts()
         self.tpot_guard = TpotGuard(config, self.costs) if config.tpot_target_ms is not None else None
         self.busy_s = {"prefill": 0.0, "decode": 0.0}
-        # What the steps did, for the report's hardware bound (harness/roofline.py): steps, tokens
+        # What the steps did, for the report's hardware bound (harness/measure/roofline.py): steps, tokens
         # computed, and tokens attended (each row's context through its last new token: the K/V it reads).
         self.work = {"steps": 0, "tokens": 0, "attended_tokens": 0}
         self.block_manager = block_manager

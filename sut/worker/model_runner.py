@@ -90,7 +90,7 @@ class ModelRunner:
             if self.device.type == "cpu"
             else None
         )
-        # The report's bound on a step (harness/roofline.py): the weights it must read at least, and
+        # The report's bound on a step (harness/measure/roofline.py): the weights it must read at least, and
         # the decoder layers' linear FLOPs per token (attention's and the LM head's left out: a bound).
         self.weight_bytes_read = self.cpu.weight_bytes_read if self.cpu else forward_weight_bytes(self.model)
         self.flops_per_token = layer_linear_flops(c)

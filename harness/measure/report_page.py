@@ -1,5 +1,5 @@
 """The report's page: report.html (self-contained: its plots embedded as PNG data) and report.md
-(the same tables, the plots beside it as files), from the data harness/report.py computed."""
+(the same tables, the plots beside it as files), from the data harness/measure/report.py computed."""
 
 import base64
 import html
@@ -346,9 +346,9 @@ def conditions(report: dict) -> list[tuple[str, str]]:
     traffic = report.get("traffic")
     if traffic:
         interval = traffic["mean_interval_s"]
-        used += f"; a user's traffic sample, {traffic['file']}, converted (harness/traffic.py). " + (
+        used += f"; a user's traffic sample, {traffic['file']}, converted (harness/measure/traffic.py). " + (
             f"Its arrival times (a mean interval of {interval:.3f} s, {1 / interval:.3f} q/s as sampled) are "
-            "replayed, scaled to each trial's mean rate (harness/replay.py; LoadGen follows no schedule but "
+            "replayed, scaled to each trial's mean rate (harness/measure/replay.py; LoadGen follows no schedule but "
             "Poisson arrivals), so the trials' latencies are the harness's, timed from each request's "
             "scheduled arrival as LoadGen times them"
             if interval

@@ -1,4 +1,4 @@
-"""One LoadGen run's folder as data, for the measurement report (harness/report.py): LoadGen's
+"""One LoadGen run's folder as data, for the measurement report (harness/measure/report.py): LoadGen's
 detail log (its percentiles and rates, as it computed them), each query's first-token and
 end-to-end latency from LoadGen's trace, each response from the accuracy log (a performance run
 logs them all with `harness run --log-responses`), and the harness's run.json (the conditions, and
@@ -20,7 +20,7 @@ from compliance.loadgen_logs import RUN_RECORD, read_detail_log
 from compliance.run_folder import STATUS_FILE, RunFolderError, complete_run
 
 DETAIL_LOG = "mlperf_log_detail.txt"
-REPLAY_LOG = "replay.json"  # harness/replay.py's, in place of LoadGen's logs
+REPLAY_LOG = "replay.json"  # harness/measure/replay.py's, in place of LoadGen's logs
 SAMPLE_EVENT = re.compile(
     r'^\{"name":"Sample","cat":"default","ph":"b",.*"ts":([0-9.]+),"args":\{"sample_seq":(\d+),'
     r'"query_seq":\d+,"sample_idx":(\d+),"issue_start_ns":(\d+),"complete_ns":(\d+)\}'
@@ -168,7 +168,7 @@ def read_queries(folder: Path) -> list[Query]:
 
 
 def read_replay(folder: Path) -> RunLogs:
-    """A replay's folder (harness/replay.py) as a LoadGen Server run's: its queries, and the detail
+    """A replay's folder (harness/measure/replay.py) as a LoadGen Server run's: its queries, and the detail
     LoadGen would have logged for them (its percentile rule, its p99 check against the limits)."""
     try:
         complete_run(folder, needs=(REPLAY_LOG,))

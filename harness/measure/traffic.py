@@ -1,5 +1,5 @@
 """A user's own traffic for the report, in place of the benchmark's dataset:
-`make report TRAFFIC=FILE` (`python -m harness.report --traffic FILE`).
+`make report TRAFFIC=FILE` (`python -m harness.measure.report --traffic FILE`).
 
 The file is JSON Lines, one request per line:
 - its prompt: `prompt`, the user's message as text (put through the model's chat template where its
@@ -13,7 +13,7 @@ The file is JSON Lines, one request per line:
 `convert` writes it in the benchmark's dataset form (accuracy/datasets/reader.py: `tok_input`, `output`,
 `output_tokens`) for `harness run --dataset`, and returns the arrival times where every line has one.
 With them, the report's capacity search replays the sequence scaled to each rate it tries
-(harness/replay.py: LoadGen draws Poisson arrivals and follows no other schedule); without them,
+(harness/measure/replay.py: LoadGen draws Poisson arrivals and follows no other schedule); without them,
 its LoadGen trials draw Poisson arrivals. The page says which.
 """
 

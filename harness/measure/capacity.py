@@ -16,9 +16,9 @@ EARLY_STOPPING_QUERIES, early stopping's minimum for a p99. Fewer queries make e
 stricter, not looser: with n queries it allows fewer over the limit in proportion, so a rate that
 passes a trial meets the p99 with at least the confidence the full run needs; what a shorter run
 can miss is a queue that builds over minutes, one reason the runs then take a margin below the
-rate found (harness/calibrate.py's RUN_SHARE).
+rate found (harness/measure/calibrate.py's RUN_SHARE).
 
-The report's trials (harness/ablation.py) are shorter still, to search every configuration in its
+The report's trials (harness/measure/ablation.py) are shorter still, to search every configuration in its
 budget: a set number of queries, each a different sample, judged by LoadGen's p99 check alone
 (early stopping cannot pass under EARLY_STOPPING_QUERIES); a failed one hints the rate at which its
 queries met the targets, where the search goes next on its way down (never more than MAX_DROP lower),
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import performance_seconds
+from harness.measure.estimates import performance_seconds
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 
 TRIAL_MIN_DURATION_MS = 60_000
@@ -256,7 +256,8 @@ class LoadGenTrials:
         return trial_conf(self.conf_text, self.loadgen_model, qps, self.limits_ms, count)
 
     def seconds(self, qps: float) -> float:
-        return performance_seconds(self.conf(qps), TRIAL_MIN_QUERIES)  # trial_conf sets both lengths
+        # trial_conf sets both lengths
+        return performance_seconds(self.conf(qps), self.loadgen_model, TRIAL_MIN_QUERIES)
 
     def execute(self, conf: Path, logs: Path, what: str) -> None:
         """The trial's LoadGen run, CapacityError naming `what` where it fails: `command`'s process."""

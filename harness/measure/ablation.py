@@ -25,7 +25,7 @@ configurations whose labels name one of its words (a comparison at tighter targe
 Each configuration gets, in its folder under the runs folder:
 - `offline/`: a LoadGen Offline run of `report.samples` samples, each once: its throughput at
   saturation, and its responses for the quality figures (the whole demo set on the CPU demo);
-- `server/`: the capacity search (harness/capacity.py) at the latency targets, from START_SHARE of
+- `server/`: the capacity search (harness/measure/capacity.py) at the latency targets, from START_SHARE of
   the Offline run's samples/s, LoadGen Server runs of `trial_queries(rate)` queries each (each a
   different sample), judged by LoadGen's p99 check; a failed trial hints the next rate down by its
   goodput, and the lowest rate failed above a pass, where at most MARGINAL_SHARE of its queries were
@@ -48,8 +48,8 @@ from pathlib import Path
 
 from accuracy.datasets.reader import Dataset, load_dataset
 from compliance.loadgen_logs import read_detail_log
-from compliance.submission import RUN_START_S
-from harness.capacity import (
+from harness.config import HarnessConfigError, RunConfig
+from harness.measure.capacity import (
     CapacitySearch,
     LoadGenTrials,
     Trial,
@@ -57,16 +57,16 @@ from harness.capacity import (
     search_capacity,
     trial_from_detail,
 )
-from harness.config import HarnessConfigError, RunConfig
-from harness.run_logs import read_run
+from harness.measure.estimates import RUN_START_S
+from harness.measure.run_logs import read_run
 from harness.run_worker import RunWorker, worker_command
 from systems.benchmarks import BENCHMARKS
 from systems.schema import REPO, System, expand_path
 
-PLAN = "ablation.json"  # in the runs folder: the configurations in order (harness/report.py reads it)
-TRAFFIC = "traffic.json"  # in the runs folder: a user's traffic as a dataset file (harness/traffic.py)
+PLAN = "ablation.json"  # in the runs folder: the configurations in order (harness/measure/report.py reads it)
+TRAFFIC = "traffic.json"  # in the runs folder: a user's traffic as a dataset file (harness/measure/traffic.py)
 ARRIVALS = "arrivals.json"  # in the runs folder: a traffic sample's arrival times, where it has them
-PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/roofline.py)
+PEAKS = "peaks.json"  # in the runs folder: the machine's measured bandwidth and FLOP/s (harness/measure/roofline.py)
 SCENARIO = "Server"
 GUARD = ("tpot_target_ms", "tpot_cap_ms", "ttft_patience_ms")
 DEFAULTS = {
@@ -363,7 +363,7 @@ def offline_conf(loadgen_model: str, samples: int) -> str:
     key = f"{loadgen_model}.Offline"
     return "\n".join(
         [
-            "# harness.ablation: the report's Offline run, every sample once (--log-responses logs them all)",
+            "# harness.measure.ablation: the report's Offline run, every sample once (--log-responses logs them all)",
             f"{key}.min_duration = 0",
             f"{key}.min_query_count = {samples}",
             f"{key}.performance_sample_count_override = {samples}",
@@ -379,10 +379,10 @@ def trial_queries(qps: float, samples: int) -> int:
 
 
 def replay_command(system: str, benchmark: str, root: Path, runs_dir: Path, qps: float, engine: dict, logs: Path):
-    """`python -m harness.replay` of the traffic's arrivals at `qps`."""
+    """`python -m harness.measure.replay` of the traffic's arrivals at `qps`."""
     return [
         sys.executable,
-        *("-m", "harness.replay", "--system", system, "--benchmark", benchmark, "--root", str(root)),
+        *("-m", "harness.measure.replay", "--system", system, "--benchmark", benchmark, "--root", str(root)),
         *("--dataset", str(runs_dir / TRAFFIC), "--arrivals", str(runs_dir / ARRIVALS), "--qps", f"{qps:.4f}"),
         *("--engine", json.dumps(engine), "--log-dir", str(logs)),
     ]
@@ -390,7 +390,7 @@ def replay_command(system: str, benchmark: str, root: Path, runs_dir: Path, qps:
 
 @dataclass
 class ReplayTrials:
-    """The search's run on a traffic sample with arrival times: a replay per rate (harness/replay.py),
+    """The search's run on a traffic sample with arrival times: a replay per rate (harness/measure/replay.py),
     in `folder`/NN-QPSqps/, judged as the report's LoadGen trials are, by the p99s against the limits."""
 
     folder: Path
@@ -455,7 +455,7 @@ def samples_from(
         return load_dataset(system.datasets[benchmark]), None
     from transformers import AutoTokenizer
 
-    from harness.traffic import TrafficError, convert, mean_interval_s
+    from harness.measure.traffic import TrafficError, convert, mean_interval_s
 
     try:
         arrivals = convert(traffic, AutoTokenizer.from_pretrained(system.model_for(benchmark)), runs_dir / TRAFFIC)
@@ -480,7 +480,7 @@ def run_configurations(
     budget_min: float | None = None,
 ) -> list[Config]:
     """Run every configuration (each checked before any starts): its Offline run, then its capacity
-    search (module doc); return them. With `traffic` (harness/traffic.py), on its requests in place
+    search (module doc); return them. With `traffic` (harness/measure/traffic.py), on its requests in place
     of the benchmark's dataset. Raises HarnessConfigError naming the run that failed."""
     system = System.load(system_name, root)
     report = report_settings(system, benchmark)
@@ -514,7 +514,7 @@ def run_configurations(
     (runs_dir / PLAN).write_text(json.dumps({**plan, "configs": [asdict(c) for c in configs]}, indent=2) + "\n")
     import torch
 
-    from harness.roofline import measure_peaks
+    from harness.measure.roofline import measure_peaks
 
     gpu = torch.cuda.is_available()
     peaks = measure_peaks("cuda" if gpu else "cpu", torch.bfloat16 if gpu else torch.float32)

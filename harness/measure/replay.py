@@ -1,8 +1,8 @@
 """A user's traffic at its own arrival times, faster or slower: what LoadGen cannot do (its Server
 scenario draws Poisson arrivals and follows no other schedule), for the report's capacity search
-on a traffic sample that has arrival times (harness/traffic.py).
+on a traffic sample that has arrival times (harness/measure/traffic.py).
 
-    python -m harness.replay --system S --benchmark B --dataset traffic.json --arrivals arrivals.json \
+    python -m harness.measure.replay --system S --benchmark B --dataset traffic.json --arrivals arrivals.json \
         --qps R --log-dir DIR [--engine JSON]
 
 Request i (sample i of the dataset) is added to the engine at (a_i - a_0) x scale seconds after the
@@ -11,7 +11,7 @@ start, where the scale makes the sequence's mean rate R (its mean interval, span
 main thread (as under LoadGen: harness/loadgen_sut.py); a thread adds the requests on time. Each
 request's first token and completion are timed from its scheduled arrival, as LoadGen times them,
 into `replay.json` in a run folder (compliance/run_folder.py) with the harness's run.json;
-harness/run_logs.py reads it as it reads a LoadGen run, with LoadGen's percentile rule, and checks
+harness/measure/run_logs.py reads it as it reads a LoadGen run, with LoadGen's percentile rule, and checks
 the p99s against the benchmark's Server limits as LoadGen would.
 """
 
@@ -26,8 +26,8 @@ from accuracy.datasets.reader import DatasetError, load_dataset
 from compliance.run_folder import RunFolder, RunFolderError
 from harness.config import HarnessConfigError, RunConfig
 from harness.loadgen_sut import EngineLoop
+from harness.measure.run_logs import REPLAY_LOG
 from harness.run import check_token_ids, sampling_params, write_run_record
-from harness.run_logs import REPLAY_LOG
 from systems.schema import REPO
 
 LEAD_S = 0.2  # between the thread's start and the first arrival
@@ -122,7 +122,7 @@ def replay(cfg: RunConfig, arrivals_s: list[float], qps: float) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.replay", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.measure.replay", description=__doc__.split("\n\n")[0])
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmark", default="llama3.1-8b")
     parser.add_argument("--root", type=Path, default=REPO)

@@ -1,12 +1,14 @@
 """The whole submission chain for one system (what `make submission` runs): for each benchmark and
 scenario, the performance, accuracy and compliance runs (TEST06; TEST07 and TEST09 for gpt-oss-120b:
-compliance.package.run_modes) through `python -m harness run`; then the tree
-(compliance/package.py) and our checker (compliance/check.py) over it.
+compliance.package.run_modes) through `python -m harness run` (harness/commands.py); then the tree
+(compliance/package.py) and our checker (compliance/check.py) over it. Data flows one way: the chain
+drives the harness's runs and its measurement, then compliance's packager and checker; compliance
+builds and starts no harness command.
 
-A latency scenario (Server, Interactive) is first calibrated on this machine (harness.calibrate: its
-capacity at the latency limits, found by LoadGen runs): its runs take a share of the capacity
-found there, and a scenario no load can meet here is left out, with the reason, in the chain's
-output and the tree's documentation. A demo system also leaves out
+A latency scenario (Server, Interactive) is first calibrated on this machine
+(harness.measure.calibrate: its capacity at the latency limits, found by LoadGen runs): its runs
+take a share of the capacity found there, and a scenario no load can meet here is left out, with
+the reason, in the chain's output and the tree's documentation. A demo system also leaves out
 Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server covers the checker's
 "one of Server and Interactive"). An Offline performance run that ends before its min_duration
 (a machine faster than the committed target_qps assumes) is run again at the rate it measured
@@ -14,13 +16,12 @@ Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server cove
 performance run that LoadGen finds INVALID runs again once at a lower rate (`latency_rerun`), where
 the demo's budget allows.
 
-    python -m compliance.submission --system cpu-demo [--benchmarks llama3.1-8b]
+    python -m harness.submission --system cpu-demo [--benchmarks llama3.1-8b]
 """
 
 import argparse
 import io
 import json
-import re
 import shutil
 import signal
 import subprocess
@@ -34,14 +35,15 @@ from compliance.check import check_tree
 from compliance.loadgen_logs import read_detail_log
 from compliance.package import BASE_MODES, PackagingError, load_calibration, package, run_modes
 from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
+from harness.commands import harness_command, root_args
+from harness.measure.estimates import predicted_minutes
 from systems.benchmarks import BENCHMARKS, loadgen_double, with_conf_value
+from systems.paths import build_dir, committed_user_conf, logs_dir, scenario_logs, submission_dir
 from systems.schema import REPO, System, SystemConfigError
 
 MODES = BASE_MODES  # a benchmark's own: run_modes(benchmark)
 LATENCY_SCENARIOS = ("Server", "Interactive")
 DEMO_BUDGET_MIN = 30
-TEST06_QUERIES = 100  # compliance/TEST06.audit.config
-RUN_START_S = 10.0  # a run's process start, model load and warm-up, in the chain's time estimates
 START_SHARE = 0.8  # of Offline's samples/s: Server's first rate in the capacity search
 # Of Server's capacity: Interactive's first rate. Its limits are tighter in both, and its engine
 # settings (a smaller step budget, a lower TPOT target) serve less: at Server's capacity a 2-core
@@ -106,7 +108,7 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
     short_run = calibration / f"short-run-{len(list(calibration.glob('short-run-*'))) + 1}"
     shutil.move(logs / "performance", short_run)
     (calibration / "user.conf").write_text(
-        f"# target_qps set on this machine by compliance.submission (calibration.json beside this file)\n{text}"
+        f"# target_qps set on this machine by harness.submission (calibration.json beside this file)\n{text}"
     )
     summary = (
         f"Offline: a performance run at target_qps {detail['effective_target_qps']} finished in "
@@ -121,7 +123,7 @@ def offline_rate(committed_conf: Path, loadgen_model: str, logs: Path) -> list[s
                 "target_qps": qps,
                 "measured_samples_per_s": measured,
                 "summary": summary,
-                "method": "compliance.submission's offline_rate",
+                "method": "harness.submission's offline_rate",
             },
             indent=2,
         )
@@ -164,31 +166,10 @@ def latency_rerun(logs: Path, loadgen_model: str, fits=lambda conf: None) -> tup
     return (None if overrun else ["--user-conf", str(calibration / "user.conf")]), said
 
 
-def performance_seconds(user_conf: str, default_queries: int) -> float:
-    """How long a latency scenario's performance run of `user_conf` (its text) takes at its
-    target_qps when the rate is met: its min_duration or its min_query_count's arrivals
-    (`default_queries` where it sets none), whichever is longer, and its start."""
-    qps = float(re.search(r"\.target_qps\s*=\s*([\d.]+)", user_conf).group(1))
-    queries = re.search(r"\.min_query_count\s*=\s*(\d+)", user_conf)
-    duration = re.search(r"\.min_duration\s*=\s*(\d+)", user_conf)
-    arrivals = (int(queries.group(1)) if queries else default_queries) / qps
-    return max(int(duration.group(1)) / 1000 if duration else 0.0, arrivals) + RUN_START_S
-
-
-def predicted_minutes(user_conf: str, dataset_size: int) -> float:
-    """How long a latency scenario's three runs take at the target_qps of `user_conf` (its text): the
-    performance run (`performance_seconds`, the dataset's size of queries where it sets none), the
-    accuracy run's whole dataset and TEST06's queries, each arriving at that rate, and each run's
-    start."""
-    qps = float(re.search(r"\.target_qps\s*=\s*([\d.]+)", user_conf).group(1))
-    performance = performance_seconds(user_conf, dataset_size)
-    return (performance + (dataset_size + TEST06_QUERIES) / qps + 2 * RUN_START_S) / 60
-
-
-def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | None:
-    """How a demo chain's latency scenario at the target_qps of `user_conf` would overrun
-    DEMO_BUDGET_MIN after `elapsed_min`, or None when it would not."""
-    minutes = predicted_minutes(user_conf, dataset_size)
+def past_budget(user_conf: str, loadgen_model: str, dataset_size: int, elapsed_min: float) -> str | None:
+    """How a demo chain's latency scenario at the target_qps of `user_conf` (`loadgen_model`'s Server
+    settings) would overrun DEMO_BUDGET_MIN after `elapsed_min`, or None when it would not."""
+    minutes = predicted_minutes(user_conf, loadgen_model, dataset_size)
     if elapsed_min + minutes <= DEMO_BUDGET_MIN:
         return None
     return (
@@ -198,15 +179,21 @@ def past_budget(user_conf: str, dataset_size: int, elapsed_min: float) -> str | 
 
 
 def interactive_past_budget(
-    committed_conf: str, dataset_size: int, server: dict, limits_ms: tuple[float, float], elapsed_min: float
+    committed_conf: str,
+    loadgen_model: str,
+    dataset_size: int,
+    server: dict,
+    limits_ms: tuple[float, float],
+    elapsed_min: float,
 ) -> str | None:
     """Why a demo leaves out Interactive without calibrating it, or None. Its limits (`limits_ms`,
     TTFT and TPOT) are tighter than Server's in both, so it sustains at most Server's calibrated
     rate (`server`: Server's calibration): when its runs would overrun the budget even at that
     rate, calibrating it (minutes) would only add to that. The reason gives the step times Server's
-    calibration measured, against Interactive's limits."""
-    conf = re.sub(r"\.target_qps\s*=\s*[\d.]+", f".target_qps = {server['target_qps']}", committed_conf)
-    overrun = past_budget(conf, dataset_size, elapsed_min)
+    calibration measured, against Interactive's limits. `committed_conf`: Interactive's committed
+    user.conf (its text), `loadgen_model`: Interactive's LoadGen model name."""
+    conf = with_conf_value(committed_conf, loadgen_model, "Server", "target_qps", str(server["target_qps"]))
+    overrun = past_budget(conf, loadgen_model, dataset_size, elapsed_min)
     return overrun and (
         f"Interactive: left out: its tighter limits allow at most Server's {server['target_qps']:.3f} "
         f"QPS, at which {overrun}; not calibrated (Server's calibration measured the longest prompt "
@@ -221,17 +208,6 @@ def _elapsed(system: System, start: float) -> str:
     if not system.demo:
         return f"{minutes:.1f} min so far"
     return f"{minutes:.1f} min so far, {max(0.0, DEMO_BUDGET_MIN - minutes):.1f} left of the demo's {DEMO_BUDGET_MIN}"
-
-
-def _root_args(root: Path) -> list[str]:
-    return [] if root == REPO else ["--root", str(root)]
-
-
-def harness_command(system: str, benchmark: str, scenario: str, mode: str, root: Path, *args) -> list[str]:
-    """`python -m harness run` for one run (extra `args` on its command line): the chain's and the
-    report's (harness/ablation.py) runs are all started this way."""
-    command = ["-m", "harness", "run", "--system", system, "--benchmark", benchmark, "--scenario", scenario]
-    return [sys.executable, *command, "--mode", mode, *_root_args(root), *map(str, args)]
 
 
 def start_qps(logs: Path, scenario: str, server: dict | None) -> float | None:
@@ -253,7 +229,8 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     """Calibrate a latency scenario; return the `--user-conf` arguments for its runs, or None when
     it is left out (the reason printed and kept in its calibration.json)."""
     server = load_calibration(logs.parent / "Server")
-    committed = root / "measurements" / system.name / benchmark / scenario / "user.conf"
+    loadgen_model = BENCHMARKS[benchmark].loadgen_name(scenario)
+    committed = committed_user_conf(root, system.name, benchmark, scenario)
     reason = None
     if (
         system.demo
@@ -261,9 +238,10 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
         and server is not None
         and server["target_qps"] is not None
         and committed.is_file()
-    ):  # without it, harness.calibrate below says what is missing
+    ):  # without it, harness.measure.calibrate below says what is missing
         reason = interactive_past_budget(
             committed.read_text(),
+            loadgen_model,
             len(load_dataset(system.datasets[benchmark])),
             server,
             BENCHMARKS[benchmark].latency_limits_ms[scenario],
@@ -278,14 +256,14 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
         return None
     budget = ["--budget-min", f"{DEMO_BUDGET_MIN - (time.time() - start) / 60:.2f}"] if system.demo else []
     first = start_qps(logs, scenario, server)
-    command = ["-m", "harness.calibrate", "--system", system.name, "--benchmark", benchmark, "--scenario", scenario]
-    run_step(
-        [sys.executable, *command, *(["--start-qps", f"{first:.4f}"] if first else []), *budget, *_root_args(root)]
-    )
+    command = ["-m", "harness.measure.calibrate", "--system", system.name, "--benchmark", benchmark]
+    command += ["--scenario", scenario, *(["--start-qps", f"{first:.4f}"] if first else []), *budget, *root_args(root)]
+    run_step([sys.executable, *command])
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":
         overrun = past_budget(
             (logs / "calibration" / "user.conf").read_text(),
+            loadgen_model,
             len(load_dataset(system.datasets[benchmark])),
             (time.time() - start) / 60,
         )
@@ -325,9 +303,10 @@ def chain(system_name: str, benchmarks: list[str] | None, out: Path, root: Path)
     system = System.load(system_name, root)
     benchmarks = benchmarks or sorted(system.datasets)
     check_before_runs(system, benchmarks)
-    build = root / "build"
+    build = build_dir(root)
     # One chain per system at a time: it clears and fills build/logs/<system>/.
-    with FolderLock(build / "logs" / f".{system_name}.chain.lock", f"the submission chain of system {system_name!r}"):
+    lock = logs_dir(root) / f".{system_name}.chain.lock"
+    with FolderLock(lock, f"the submission chain of system {system_name!r}"):
         return _chain(system, benchmarks, out, root, build, start)
 
 
@@ -335,7 +314,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
     system_name = system.name
     for benchmark in benchmarks:
         for scenario in system.scenarios:
-            logs = root / "build" / "logs" / system_name / benchmark / scenario
+            logs = scenario_logs(root, system_name, benchmark, scenario)
             clear_build_folder(logs, build)  # no run or calibration of an earlier chain stays
             user_conf = []
             if scenario in LATENCY_SCENARIOS:
@@ -355,7 +334,7 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
                 run_step(command + user_conf)
                 for _ in range(OFFLINE_RERUNS if scenario == "Offline" and mode == "performance" else 0):
                     rerun = offline_rate(
-                        root / "measurements" / system_name / benchmark / scenario / "user.conf",
+                        committed_user_conf(root, system_name, benchmark, scenario),
                         BENCHMARKS[benchmark].loadgen_name(scenario),
                         logs,
                     )
@@ -367,7 +346,9 @@ def _chain(system: System, benchmarks: list[str], out: Path, root: Path, build: 
 
                 def demo_overrun(conf: str) -> str | None:  # a demo's rerun, and the runs after it, must fit
                     dataset_size = len(load_dataset(system.datasets[benchmark]))
-                    return past_budget(conf, dataset_size, (time.time() - start) / 60) if system.demo else None
+                    minutes = (time.time() - start) / 60
+                    loadgen_model = BENCHMARKS[benchmark].loadgen_name(scenario)
+                    return past_budget(conf, loadgen_model, dataset_size, minutes) if system.demo else None
 
                 for _ in range(LATENCY_RERUNS if scenario in LATENCY_SCENARIOS and mode == "performance" else 0):
                     rerun, said = latency_rerun(logs, BENCHMARKS[benchmark].loadgen_name(scenario), demo_overrun)
@@ -396,7 +377,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmarks", nargs="*")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "submission")
+    parser.add_argument("--out", type=Path, default=submission_dir(REPO))
     parser.add_argument(
         "--root",
         type=Path,

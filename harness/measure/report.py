@@ -1,17 +1,17 @@
-"""The measurement report: for each configuration of the ablation (harness/ablation.py), its
+"""The measurement report: for each configuration of the ablation (harness/measure/ablation.py), its
 throughput at saturation, its capacity at the latency targets, and at that capacity its latencies,
 goodput and cost per million input and output tokens, each against the static-batching baseline,
-and its output quality; as one HTML page and the same tables in Markdown (harness/report_page.py).
+and its output quality; as one HTML page and the same tables in Markdown (harness/measure/report_page.py).
 
-    python -m harness.report [--system cpu-demo] [--benchmark llama3.1-8b]   # run the ablation, then the page
-    python -m harness.report --logs DIR [DIR ...]                             # the page from existing runs
+    python -m harness.measure.report [--system cpu-demo] [--benchmark llama3.1-8b]   # run the ablation, then the page
+    python -m harness.measure.report --logs DIR [DIR ...]                             # the page from existing runs
 
 Where each figure comes from (the page says it too):
 - Offline throughput: LoadGen's tokens/s of an Offline run of every report sample once, the
   configuration's engine saturated.
 - Capacity: the highest arrival rate (LoadGen's Poisson schedule) at which a Server run of the
   configuration met both p99 targets, by LoadGen's own p99 check, found by a search (bracket, then
-  bisection; harness/capacity.py); the lowest rate that failed above it is given beside it. A
+  bisection; harness/measure/capacity.py); the lowest rate that failed above it is given beside it. A
   report trial is short (its queries are given) and is not judged by early stopping, which needs
   460 queries or more: `make submission`'s search is, and its capacity is the one MLPerf scores.
   With 100 queries or fewer LoadGen's p99 is the slowest query, and a stall of the machine can
@@ -42,7 +42,7 @@ Where each figure comes from (the page says it too):
   brackets (capacity, rate failed above it) do not overlap, by the machine's run-to-run spread of
   a capacity (the system file's report.capacity_spread, measured by running the report again; the
   page gives it) besides; else undecided.
-- The hardware's bound (harness/roofline.py): the least time a run's steps could take, the larger
+- The hardware's bound (harness/measure/roofline.py): the least time a run's steps could take, the larger
   of the bytes they must read (the weights once per step, each attended token's K/V once) over the
   bandwidth measured here and of their linear FLOPs over the FLOP/s measured here; the engine's busy
   time against it says how far from the limit a configuration runs.
@@ -63,13 +63,14 @@ from pathlib import Path
 
 from accuracy.datasets.reader import DatasetError, load_dataset
 from accuracy.report import summarization_accuracy
-from harness.ablation import NUMERICS_FOLDER, PEAKS, PLAN, SCENARIO, report_settings, run_configurations
-from harness.capacity import CapacityError
 from harness.config import HarnessConfigError
-from harness.report_page import write_page
-from harness.roofline import bound
-from harness.run_logs import DETAIL_LOG, REPLAY_LOG, RunLogError, RunLogs, meets, read_run
+from harness.measure.ablation import NUMERICS_FOLDER, PEAKS, PLAN, SCENARIO, report_settings, run_configurations
+from harness.measure.capacity import CapacityError
+from harness.measure.report_page import write_page
+from harness.measure.roofline import bound
+from harness.measure.run_logs import DETAIL_LOG, REPLAY_LOG, RunLogError, RunLogs, meets, read_run
 from systems.benchmarks import BENCHMARKS
+from systems.paths import report_dir
 from systems.schema import REPO, System, SystemConfigError
 
 QUALITY_METRICS = ("rouge1", "rouge2", "rougeL", "rougeLsum")
@@ -103,7 +104,7 @@ class Figures:
     cost_per_m_input: float | None = None
     cost_per_m_output: float | None = None
     quality: dict = field(default_factory=dict)  # metric -> score
-    bound: dict | None = None  # the hardware's bound on its steps (harness/roofline.py)
+    bound: dict | None = None  # the hardware's bound on its steps (harness/measure/roofline.py)
     ttfts_ms: list = field(default_factory=list)  # per query, for the CDFs
     tpots_ms: list = field(default_factory=list)
 
@@ -440,16 +441,16 @@ def headline(report: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.measure.report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmark", default="llama3.1-8b")
     parser.add_argument("--logs", type=Path, nargs="+", help="build the page from these runs' folders (no runs)")
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "report")
+    parser.add_argument("--out", type=Path, default=report_dir(REPO))
     parser.add_argument(
         "--traffic",
         type=Path,
-        help="a traffic sample (JSON Lines: prompt, output length or reference, arrival time; harness/traffic.py) "
-        "in place of the benchmark's dataset",
+        help="a traffic sample (JSON Lines: prompt, output length or reference, arrival time; "
+        "harness/measure/traffic.py) in place of the benchmark's dataset",
     )
     parser.add_argument("--root", type=Path, default=REPO, help="the folder holding systems/ and measurements/")
     parser.add_argument(

@@ -2,13 +2,13 @@
 by LoadGen runs, so that `make submission` runs it close to what the machine meets (CPUs differ by
 2x and more for this work, and MLPerf scores the highest rate that meets the limits).
 
-    python -m harness.calibrate --system cpu-demo --benchmark llama3.1-8b --scenario Server \
+    python -m harness.measure.calibrate --system cpu-demo --benchmark llama3.1-8b --scenario Server \
         [--start-qps R] [--budget-min M]
 
 1. Floors (in-process, no LoadGen): the time to first token of the dataset's longest prompt alone,
    and a decode step at batch 1. A scenario whose floors reach FLOOR_SHARE of its TTFT or TPOT
    limit cannot be met here: it is left out, and the reason says which floor and by how much.
-2. Capacity (harness/capacity.py): the highest target_qps whose LoadGen run, on LoadGen's own
+2. Capacity (harness/measure/capacity.py): the highest target_qps whose LoadGen run, on LoadGen's own
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound; from `--start-qps` (the chain gives a share of Offline's measured samples/s for Server,
@@ -40,9 +40,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accuracy.datasets.reader import DatasetError, load_dataset
-from compliance.submission import harness_command, predicted_minutes
-from harness.capacity import CapacityError, LoadGenTrials, search_capacity
+from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
+from harness.measure.capacity import CapacityError, LoadGenTrials, search_capacity
+from harness.measure.estimates import predicted_minutes
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -51,6 +52,7 @@ GROW = 1.25  # the bracket's step up or down
 TOLERANCE = 0.08  # the bracket's width at which the search stops (failed / passed - 1)
 TRIALS = 6  # LoadGen runs at most
 RUN_SHARE = 0.9  # of the capacity found: the rate the scenario's runs take
+METHOD = "`python -m harness.measure.calibrate`"  # in calibration.json: what the packaged README names
 MARGIN = (
     f"the runs take {RUN_SHARE:.0%} of the highest VALID rate, as a search's runs near the edge pass or fail by "
     "chance: measurements/README.md, 'At the capacity', gives the spread measured"
@@ -157,14 +159,15 @@ def find_capacity(
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
     """The scenario's three runs at `qps` on its committed user.conf (the chain's estimate)."""
     conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
-    return 60 * predicted_minutes(conf, dataset_size)
+    return 60 * predicted_minutes(conf, trials.loadgen_model, dataset_size)
 
 
 def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float) -> str:
     """The committed user.conf with the scenario's target_qps replaced, and a comment saying so."""
     rate = f"{loadgen_double(target_qps, 4):.4f}"
     text = with_conf_value(committed.read_text(), loadgen_model, "Server", "target_qps", rate)
-    return f"# target_qps calibrated on this machine by harness.calibrate (calibration.json beside this file)\n{text}"
+    said = "# target_qps calibrated on this machine by harness.measure.calibrate (calibration.json beside this file)"
+    return f"{said}\n{text}"
 
 
 def main() -> None:
@@ -224,7 +227,8 @@ def main() -> None:
             find_capacity(cal, trials, start, budget, len(dataset))
         except CapacityError as e:
             sys.exit(f"error: calibrate: {e}")
-    (out / "calibration.json").write_text(json.dumps({**asdict(cal), "summary": cal.summary()}, indent=2) + "\n")
+    record = {**asdict(cal), "summary": cal.summary(), "method": METHOD}
+    (out / "calibration.json").write_text(json.dumps(record, indent=2) + "\n")
     if cal.target_qps is not None:
         (out / "user.conf").write_text(calibrated_user_conf(cfg.user_conf, loadgen_model, cal.target_qps))
     elif (out / "user.conf").exists():
