@@ -1,6 +1,7 @@
-"""The model's ops (RMSNorm, rotary embedding, KV-cache write, paged attention with gpt-oss's sinks
-and sliding window, SwiGLU's activation, gpt-oss's mixture of experts), each as a PyTorch reference
-and (all but the activation) as our Triton kernel, one concept per module: rms_norm, rotary,
+"""The model's ops (RMSNorm; rotary embedding; KV-cache write; paged attention, with gpt-oss's sinks
+and sliding window and DeepSeek's MLA; SwiGLU's activation; the mixture of experts of gpt-oss and
+DeepSeek-V3), each as a PyTorch reference and (all but the activation) as our Triton kernel, one
+concept per module: rms_norm, rotary,
 kv_cache, decode_attention, prefill_attention, activation, fused_moe (with mxfp4, the experts'
 4-bit format, and DeepSeek's FP8 experts), fp8 (FP8 weights: quantizers and the weight-only
 FP8 GEMM, which sut/model/fp8.py's linear calls directly); attention holds the step's metadata and
@@ -8,7 +9,8 @@ the paged-attention op the model calls (the CPU one, and the dispatch to the dec
 kernel); rejection_sample is speculative decoding's verifier (exact rejection sampling of draft
 tokens). The checks and benchmarks sit apart, in checks/: checks/compare.py runs each kernel
 against its reference (for the tests and the GPU check, `make gpu-check`), checks/gpu_cases.py and
-gpu_bench.py are the GPU check's kernel cases and benchmarks, checks/fp8.py those of the FP8 kernels.
+gpu_bench.py are the GPU check's kernel cases and benchmarks, checks/fp8.py those of the FP8 kernels,
+checks/shapes.py the served models' shapes they share.
 
 The model calls only the `KernelOps` set that `select_ops` picks, so the backend switch lives in one
 place: our Triton kernels on CUDA, and on CPU the op set of the engine's CPU backend (its C kernels,

@@ -1,7 +1,8 @@
-"""The system under test: an LLM engine for Llama-family models with a paged KV cache, continuous
-batching with chunked prefill, preemption, greedy or seeded sampling, speculative decoding (n-gram
-or draft-model proposers, exact verification), data-parallel replicas, tensor parallelism and
-disaggregated prefill and decode workers. Its CPU backend lives in sut/cpu/."""
+"""The system under test: an LLM engine for Llama, gpt-oss and DeepSeek-V3 models with a paged KV
+cache, continuous batching with chunked prefill, preemption, greedy or seeded sampling, speculative
+decoding (n-gram, draft-model, EAGLE3 and MTP proposers, exact verification), data-parallel
+replicas, tensor and expert parallelism and disaggregated prefill and decode workers. Its CPU
+backend lives in sut/cpu/."""
 
 import torch
 

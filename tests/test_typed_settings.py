@@ -2,8 +2,9 @@
 runs: a wrong one is an error naming it, what it must be and what it was, never a setting taken the
 wrong way ("false" as true), a traceback after the model has loaded, or a request that fails mid-step."""
 
+import json
 import math
-from dataclasses import fields
+from dataclasses import MISSING, fields
 
 import pytest
 
@@ -13,6 +14,7 @@ from sut.config.cpu import CpuSettings
 from sut.config.disaggregation import DisaggregationConfig
 from sut.config.engine import KIND_WORDS, _kind_of
 from sut.config.speculative import SpeculativeConfig
+from systems.schema import REPO
 from tests.helpers import random_prompts
 
 NAN, INF = float("nan"), float("inf")
@@ -91,6 +93,49 @@ def test_every_setting_has_a_kind_the_check_knows():
         assert kind in KIND_WORDS or kind in (CpuSettings, SpeculativeConfig, DisaggregationConfig), (
             f"{f.name}: {f.type}"
         )
+
+
+def accepted_settings() -> dict:
+    """Every setting EngineConfig.from_kwargs accepts, by the name sut/README.md's table gives it, with
+    its default (MISSING: the object needs it): its fields, and the keys of the three objects among
+    them (cpu, speculative_config, disaggregation), which their own classes accept, as `object.key`."""
+    settings = {f.name: f.default for f in fields(EngineConfig)}
+    for parent, kind in (("cpu", CpuSettings), ("speculative_config", SpeculativeConfig)):
+        settings |= {f"{parent}.{f.name}": f.default for f in fields(kind)}
+    settings |= {f"disaggregation.{f.name}": f.default for f in fields(DisaggregationConfig)}
+    return settings
+
+
+def readme_settings_table() -> dict:
+    """sut/README.md's table of engine settings: setting -> its default cell."""
+    lines = (REPO / "sut/README.md").read_text().splitlines()
+    start = lines.index("| setting | what | default |")
+    rows = {}
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        name, _what, default = (cell.strip() for cell in line.strip("|").split(" | "))
+        assert name.startswith("`") and name.endswith("`") and name.count("`") == 2, line
+        assert name.strip("`") not in rows, f"{name} twice in sut/README.md's settings table"
+        rows[name.strip("`")] = default
+    return rows
+
+
+def test_the_readme_settings_table_names_every_setting_and_its_default():
+    """sut/README.md's table lists exactly the settings the engine accepts, each with the code's default:
+    a setting added, renamed or dropped, or a default changed, fails here until the table says so."""
+    table, code = readme_settings_table(), accepted_settings()
+    assert sorted(table) == sorted(code), (
+        f"missing from the table: {sorted(set(code) - set(table))}; not settings: {sorted(set(table) - set(code))}"
+    )
+    for name, default in code.items():
+        cell = table[name]
+        if default is MISSING:
+            assert cell == "required", (name, cell)
+        elif default is None:
+            assert cell.startswith("none"), (name, cell)
+        elif isinstance(default, (bool, int, float, str)):
+            assert cell.startswith(f"`{json.dumps(default)}`"), (name, cell)
 
 
 @pytest.mark.parametrize(
