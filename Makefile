@@ -9,7 +9,7 @@ DEMO_DATA := $(SAAF_CACHE)/data/xsum-100x128.json
 comma := ,
 HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 
-.PHONY: setup models drafts data browser test lint bench spec-bench run_harness submission report gpu-check clean
+.PHONY: setup models drafts data browser test test-fast lint bench spec-bench run_harness submission report gpu-check clean
 
 setup: $(VENV)/.setup-done
 
@@ -51,6 +51,11 @@ browser:
 
 test: setup models data browser
 	SAAF_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q
+
+# The inner loop: every package's tests but the slow ones (pyproject.toml's `slow` marker), in a few
+# minutes on 2 cores. `make test` (CI's) runs them all.
+test-fast: setup models data
+	SAAF_MODEL_DIR=$(MODEL_DIR) $(PY) -m pytest -q -m "not slow"
 
 # ruff (pinned in requirements.txt): pyproject.toml's lint rules, and the code as its formatter writes it.
 lint: setup

@@ -35,6 +35,17 @@ def smollm2_dir():
     return SMOLLM2_DIR
 
 
+# Fixtures whose first user builds them for a minute or more of LoadGen runs: the tiny chain (below)
+# and the report's runs (tests/test_report.py). Every test on them is slow, whichever runs first.
+SLOW_FIXTURES = {"chain", "report_run"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def chain(tiny_llama, tmp_path_factory):
     """Every run of the demo chain for a tiny system (tests/tiny_system.py); returns (repo-like root,

@@ -21,6 +21,7 @@ def engine(tiny_llama):
     return LLMEngine(tiny_llama[0], num_kv_blocks=64, max_model_len=128)
 
 
+@pytest.mark.slow
 def test_empty_prompt(engine):
     with pytest.raises(InvalidRequestError, match="prompt is empty"):
         engine.add_request([])
@@ -330,6 +331,7 @@ def test_requests_from_another_thread(tiny_llama):
         ["sut.bench.steps", "--model", "TINY", "--int16", "--no-quantized-weights"],
     ],
 )
+@pytest.mark.slow
 def test_benchmarks_end_a_user_error_in_one_line(command, tiny_llama, tmp_path):
     """A missing model folder or a setting the engine refuses: one `error:` line naming it, exit 2."""
     args = [str(tmp_path / "nope") if a == "MISSING" else str(tiny_llama[0]) if a == "TINY" else a for a in command]

@@ -87,6 +87,7 @@ def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
     assert clock[0] <= 5 * 60
 
 
+@pytest.mark.slow
 def test_the_calibration_on_the_tiny_system_runs_loadgen_at_each_rate(chain, tmp_path):
     """`python -m harness.measure.calibrate` end to end: each trial a LoadGen run (its user.conf and
     logs in calibration/capacity/), the trials' verdicts LoadGen's, the run's user.conf at the target."""

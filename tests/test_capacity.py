@@ -153,6 +153,7 @@ def test_md1_capacity_matches_the_queue_at_light_load():
     assert md1_capacity(SERVICE_S, TTFT_LIMIT_S, 0.002) / capacity > 0.95
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("start", [40.0, 150.0], ids=["from-below", "from-above"])
 def test_the_search_on_loadgen_runs_finds_a_known_capacity(tmp_path, start):
     import sys

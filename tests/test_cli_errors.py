@@ -49,16 +49,19 @@ BAD_ENGINE = (
 )
 
 
+@pytest.mark.slow
 def test_harness_run_unknown_system():
     assert_one_error_line(run_cli("harness", "run", "--system", "nope"), "unknown system 'nope'")
 
 
+@pytest.mark.slow
 def test_harness_run_bad_engine_setting(root):
     done = run_cli("harness", "run", "--system", "t", "--root", root)
     assert_one_error_line(done, *BAD_ENGINE)
     assert not (root / "build").exists()  # found before any run started
 
 
+@pytest.mark.slow
 def test_calibrate_unknown_system():
     assert_one_error_line(run_cli("harness.measure.calibrate", "--system", "nope"), "unknown system 'nope'")
 
@@ -67,6 +70,7 @@ def test_submission_unknown_system():
     assert_one_error_line(run_cli("harness.submission", "--system", "nope"), "unknown system 'nope'")
 
 
+@pytest.mark.slow
 def test_submission_names_the_failed_run_and_its_error(root, smollm2_dir):
     # What the chain checks before its first run is there: the dataset and the model's tokenizer.
     (root / "d.json").write_text(json.dumps([{"tok_input": [1, 2, 3], "output": "a summary"}]))
@@ -99,6 +103,7 @@ def test_check_missing_tree(tmp_path):
     assert_one_error_line(run_cli("compliance.check", tmp_path / "none"), "none is not a folder")
 
 
+@pytest.mark.slow
 def test_reference_run_missing_model(tmp_path):
     done = run_cli(
         "accuracy.reference_run",
@@ -112,6 +117,7 @@ def test_reference_run_missing_model(tmp_path):
     assert_one_error_line(done, "none: not a model folder")
 
 
+@pytest.mark.slow
 def test_a_system_file_that_is_not_json(root):
     (root / "systems" / "t.json").write_text("{")
     assert_one_error_line(
@@ -126,6 +132,7 @@ def test_test06_missing_log(tmp_path):
     assert_one_error_line(done, "none/mlperf_log_accuracy.json: accuracy log not found")
 
 
+@pytest.mark.slow
 def test_harness_run_takes_engine_settings_from_a_yaml_file(root):
     """--config FILE.yaml lays its settings over the system's (here fixing its bad max_num_seqs, so the
     run gets as far as its missing user.conf); --engine goes over both; a file that is not a

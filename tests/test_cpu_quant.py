@@ -48,6 +48,7 @@ def test_dequantize_matches_gguf_exactly(fmt):
     assert np.array_equal(BlockWeights.from_raw(raw, fmt).dequantize().numpy(), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("level", LEVELS)
 @pytest.mark.parametrize("fmt", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("rows_out, cols", [(1, 32), (7, 96), (64, 576), (130, 1536)])
@@ -178,6 +179,7 @@ def test_without_kernels_the_engine_runs_on_fp32_weights(tiny_blocks_model, monk
     assert llm.generate([prompt], SamplingParams(max_tokens=8))[0].token_ids == hf_greedy(model, prompt, 8)
 
 
+@pytest.mark.slow
 def test_smollm2_blocks_rebuild_its_checkpoint_and_keep_its_output(smollm2_dir):
     """Every linear of the converted SmolLM2 (30 layers x 4, and the tied LM head in Q8_0) gets
     its blocks, which the loader checks against the fp32 weights bit for bit; greedy output at
@@ -209,6 +211,7 @@ def prefill_metadata(n: int) -> AttentionMetadata:
     )
 
 
+@pytest.mark.slow
 def test_smollm2_int16_activations_stay_close_to_exact(smollm2_dir):
     """With cpu.int16_activations every linear, prefill included, computes with int16 inputs: the
     last-token logits of real prompts stay within a small fraction of their spread of the exact

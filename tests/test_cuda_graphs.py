@@ -26,6 +26,7 @@ class StandInGraph:
         self.out.copy_(self.run())
 
 
+@pytest.mark.slow
 def test_decode_graphs_give_the_eager_tokens(tiny_llama):
     settings = dict(
         kernels="triton", num_kv_blocks=128, block_size=8, max_num_seqs=20, max_num_batched_tokens=256, device="cpu"

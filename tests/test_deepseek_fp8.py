@@ -112,6 +112,7 @@ def test_kept_fp8_matches_transformers(tiny, keep_fp8):
     assert not isinstance(layers[1].self_attn.kv_b_proj, Fp8Linear)  # dense (here packed by the CPU backend)
 
 
+@pytest.mark.slow
 def test_kept_fp8_with_the_triton_kernels_in_the_interpreter(tiny, keep_fp8, monkeypatch):
     """Fp8Linear through the Triton GEMM (with the 16 x 64 x 128 tiles a bf16 decode gets: fewer
     programs for the interpreter than fp32's) and the experts through the Triton fused_moe_fp8;
@@ -125,6 +126,7 @@ def test_kept_fp8_with_the_triton_kernels_in_the_interpreter(tiny, keep_fp8, mon
     assert got == [w[:4] for w in want[:2]]
 
 
+@pytest.mark.slow
 def test_parameters_are_the_checkpoints_fp8_bytes_and_scales(tiny):
     """In a bf16 model: e4m3 weights and fp32 scales as stored, the fused layers' and the stacked
     experts' at their row offsets; kv_b_proj dequantized to bf16; the router fp32."""
@@ -189,6 +191,7 @@ def test_weight_bytes_of_the_kept_model(tiny):
 TP_SETTINGS = dict(num_kv_blocks=64, block_size=4, max_model_len=64, max_num_batched_tokens=24, device="cpu")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kept", [False, True])
 def test_two_ranks_give_one_rank_greedy_tokens(tiny, kept, request):
     """Dequantized at load, and kept in FP8, on each rank; chunks of 24 tokens: steps mixing absorbed

@@ -47,6 +47,7 @@ def tiny(request, tmp_path_factory):
     return folder, want, one.engine.runner.weight_bytes
 
 
+@pytest.mark.slow
 def test_two_ranks_give_one_process_greedy_tokens(tiny):
     folder, want, whole = tiny
     two = LLM(folder, tensor_parallel_size=2, **SETTINGS)
@@ -227,6 +228,7 @@ def stop(launcher: subprocess.Popen) -> None:
             launcher.communicate()
 
 
+@pytest.mark.slow
 def test_torchrun_ranks_generate_as_one_process(tiny_llama, tmp_path):
     """DeepSeek, Llama, then DeepSeek drafting with its MTP module (on both ranks), on the two ranks
     torchrun started; an engine of one rank is refused by name."""
@@ -247,6 +249,7 @@ def test_torchrun_ranks_generate_as_one_process(tiny_llama, tmp_path):
     assert "under torchrun an engine's tensor-parallel ranks are the 2 processes torchrun started" in result["one_rank"]
 
 
+@pytest.mark.slow
 def test_a_failing_program_under_torchrun_releases_the_other_rank(tmp_path):
     script = tmp_path / "fails.py"
     script.write_text("raise ValueError('the program failed')\n")
@@ -273,6 +276,7 @@ def torchrun_ranks(launcher: int) -> dict[int, int]:
     return ranks
 
 
+@pytest.mark.slow
 def test_a_killed_rank_under_torchrun_ends_the_run(tiny_llama, tmp_path):
     script, ready = tmp_path / "killed.py", tmp_path / "ready"
     script.write_text(KILLED_SCRIPT.format(settings={**SETTINGS, "num_kv_blocks": 256, "max_model_len": 256}))

@@ -180,6 +180,7 @@ def test_normalizations():
     assert normalize("7 3/4") == "7+3/4" and normalize(r"\text{East}") == "east"
 
 
+@pytest.mark.slow
 def test_sympy_runs_in_a_child_that_is_replaced_when_out_of_time():
     with SympyJudge(timeout=1.0) as judge:
         assert judge("(x+1)**2-(x**2+2*x+1)") and not judge("(1)-(2)")
@@ -321,6 +322,7 @@ def test_evaluate_takes_each_qsl_idx_once(run_files, tokenizer_dir):
     assert result["tokens_per_sample"] == pytest.approx(sum(lengths) / 11)  # the kept entries' ids, EOS included
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_prints_what_the_checker_reads(run_files, tokenizer_dir):
     folder, lengths = run_files
     command = [sys.executable, "-m", "accuracy.deepseek_r1", "--mlperf-accuracy-file"]

@@ -285,6 +285,7 @@ def results(tree: Path, scenario: str) -> Path:
     return tree / "open" / "TestOrg" / "results" / SYSTEM / SYSTEM / scenario
 
 
+@pytest.mark.slow
 def test_the_converter_templates_each_question_and_keeps_the_ground_truth_as_text(chain):
     """The parquet holds each question as the chat template frames it (4 tokens around the words)
     and the ground truths as text, the float 204.0 as "204" and "033" as it was."""

@@ -41,6 +41,7 @@ def requests(n: int, seed: int):
     return prompts, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch", [1, 8])
 def test_outputs_are_one_engines_with_first_tokens_from_the_prefill_side(tiny_llama, batch):
     prompts, params = requests(12, seed=5)
@@ -68,6 +69,7 @@ def test_outputs_are_one_engines_with_first_tokens_from_the_prefill_side(tiny_ll
     assert not any(p.is_alive() for p in pool.workers.procs)
 
 
+@pytest.mark.slow
 def test_both_proposers_on_the_decode_side_are_token_identical(tiny_llama, tiny_draft):  # noqa: F811
     prompts = repetitive_prompts(6, seed=2)
     params = [SamplingParams(max_tokens=24, ignore_eos=True, temperature=0.8 * (i % 2), seed=i) for i in range(6)]
@@ -96,6 +98,7 @@ def pool(tiny_llama):
     assert not any(p.is_alive() for p in pool.workers.procs)
 
 
+@pytest.mark.slow
 def test_workers_get_disjoint_cores(pool):
     cores = [place["cores"] for place in pool.placements]
     assert all(cores) and not set(cores[0]) & set(cores[1])

@@ -186,6 +186,7 @@ def prompts_for(name, n, seed=0):
 # ---- greedy output --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TARGETS)
 @pytest.mark.parametrize("batch", [1, 8])
 def test_greedy_output_is_plain_decodings(request, name, batch):
@@ -204,6 +205,7 @@ def test_greedy_output_is_plain_decodings(request, name, batch):
     assert len(engine.proposer.pending) == 0  # nothing kept for finished sequences
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TARGETS)
 def test_greedy_with_chunked_prefill_and_preemption(request, name):
     """A small step budget (prompts in chunks, the head's rows arriving chunk by chunk) and a pool too
@@ -309,6 +311,7 @@ def dense_drafts(target: Target, head, tokens, computed, k):
     return drafts
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", TARGETS)
 def test_every_proposal_is_the_dense_heads(request, name, monkeypatch):
     """Greedy drafts of every proposal, in a run with batches, chunked prefill, rejections and
@@ -431,6 +434,7 @@ def test_the_head_never_writes_the_targets_kv_cache(request, name, monkeypatch):
 # ---- sampled output -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sampled_tokens_follow_the_target_distribution(small_vocab):
     """2000 seeded requests of one prompt: the pair (first token, second token, which the first
     verification makes) is distributed as the target's P(t1) P(t2 | t1), the head drafting from 8 of
@@ -485,6 +489,7 @@ def test_seeded_sampled_request_is_the_same_whatever_the_batch(llama):
     assert engine.spec_stats()["num_draft_tokens"] > 0
 
 
+@pytest.mark.slow
 def test_each_head_forward_reads_the_device_once(llama, monkeypatch):
     """On the op set CUDA runs (Triton, interpreted here), the proposer reads the device only through
     to_host (tests/test_step_syncs.py's count)."""

@@ -37,6 +37,7 @@ def test_make_engine_returns_an_engine_client(tiny_llama, tmp_path):
         engine.close()
 
 
+@pytest.mark.slow
 def test_settings_are_checked_once_and_workers_get_them_resolved(tiny_llama, monkeypatch):
     """make_engine parses the settings once; a tensor-parallel rank is started with the resolved
     config (no raw settings to check again), and a setting that does not fit the model is refused

@@ -129,6 +129,7 @@ def fp8_weight(n: int, k: int, block, seed: int):
     return quantize_fp8_block(w, block) if block else quantize_fp8_per_channel(w)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", [None, 128], ids=["per_channel", "block128"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16], ids=str)
 @pytest.mark.parametrize("m", [1, 5, 33])
@@ -154,6 +155,7 @@ def test_fp8_linear_triton_matches_reference(block, dtype, m):
         dict(block_m=16, block_n=32, block_k=128, split_k=2),  # a split of one K step, the last one ragged
     ],
 )
+@pytest.mark.slow
 def test_fp8_linear_triton_tiles_and_split_k(block, config):
     w_fp8, scale = fp8_weight(136, 200, block, seed=7)
     x = torch.randn(40, 200, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
@@ -216,6 +218,7 @@ def test_the_loop_is_transformers_deepseek_experts():
 MOE_DIMS = (6, 200, 136, 2)  # experts, hidden, intermediate, top-k: 2I = 272, a 128-block mixes gate and up rows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("num_tokens", [1, 5, 33])
 def test_fused_moe_silu_matches_the_loop(dtype, num_tokens):
@@ -262,6 +265,7 @@ def fp8_experts(num_experts, hidden, intermediate, seed):
     return (*quantize_fp8_block(gate_up), *quantize_fp8_block(down))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("num_tokens", [1, 5, 33])
 def test_fused_moe_fp8_matches_the_loop_on_dequantized_weights(dtype, num_tokens):
@@ -288,6 +292,7 @@ def test_fused_moe_fp8_matches_the_loop_on_dequantized_weights(dtype, num_tokens
     assert TORCH_OPS.fused_moe_fp8 is fused_moe_fp8_reference and TRITON_OPS.fused_moe_fp8 is fused_moe_fp8_triton
 
 
+@pytest.mark.slow
 def test_fused_moe_fp8_tiles_and_shape_errors():
     num_experts, hidden, intermediate, top_k = MOE_DIMS
     weights = fp8_experts(num_experts, hidden, intermediate, seed=9)

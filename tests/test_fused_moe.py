@@ -264,6 +264,7 @@ DENSE_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", DENSE_CASES, ids=lambda c: "T{}-H{}-I{}-E{}-k{}-used{}".format(*c))
 def test_fused_moe_triton(case, dtype):
@@ -318,6 +319,7 @@ MXFP4_CASES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", MXFP4_CASES, ids=lambda c: "T{}-H{}-I{}-E{}-k{}-used{}".format(*c))
 def test_fused_moe_mxfp4_triton(case, dtype):
@@ -431,6 +433,7 @@ def no_expert_case(variant, dtype, pattern, seed=0):
     return got, want, valid_slots_loop(x, *fp32, *routing, activation), topk_ids
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("pattern", NO_EXPERT_PATTERNS)
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_no_expert_slots_reference_is_the_loop_over_valid_slots(variant, pattern):
@@ -442,6 +445,7 @@ def test_no_expert_slots_reference_is_the_loop_over_valid_slots(variant, pattern
     assert (want[none] == 0).all() and (want[~none].abs().sum(dim=1) > 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("pattern", NO_EXPERT_PATTERNS)
 @pytest.mark.parametrize("variant", VARIANTS)

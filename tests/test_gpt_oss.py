@@ -167,6 +167,7 @@ def test_mxfp4_checkpoint_loads_as_transformers_dequantizes_it(tmp_path):
     assert generate(tmp_path / "mxfp4", prompts, num_kv_blocks=64)[1] == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_experts_kept_in_mxfp4_match_transformers(tmp_path, monkeypatch, kernels):
     """As CUDA runs gpt-oss: the experts held as the checkpoint's MXFP4 bytes and decoded by the MoE
@@ -334,6 +335,7 @@ def test_what_gpt_oss_does_not_do_yet_is_refused_by_name(long_prompts, setting, 
         LLM(long_prompts[0], num_kv_blocks=64, **setting)
 
 
+@pytest.mark.slow
 def test_triton_kernels_run_gpt_oss_as_the_torch_ops_do(long_prompts):
     """The engine on our Triton kernels (in the interpreter here: sinks, windows with blocks freed,
     the fused MoE) gives the torch ops' tokens, which are transformers'."""

@@ -169,6 +169,7 @@ def test_functional_problem_calls_the_solution_method():
     assert run_code(good.replace("push", "pop"), tests, FAST).detail == "no function 'push'"
 
 
+@pytest.mark.slow
 def test_loops_are_stopped_and_counted_wrong(tmp_path):
     """Four LiveCodeBench answers, run in parallel under a 0.5 s test limit: one right, one wrong, one that
     loops (stopped by the per-test timer) and one that loops with the timer ignored (killed, with its

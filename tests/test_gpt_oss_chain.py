@@ -243,6 +243,7 @@ def responses(log: Path) -> dict[int, list[int]]:
     return {e["qsl_idx"]: list(memoryview(bytes.fromhex(e["data"])).cast("i")) for e in entries}
 
 
+@pytest.mark.slow
 def test_the_model_follows_its_chains_with_margins_that_make_sampling_exact(chain):
     """The premise, with transformers: after every token of every designed response the next one
     leads the logits by more than 50 (so temperature 1 draws another with probability below
@@ -326,6 +327,7 @@ def test_the_tree_passes_the_checker(chain):
     assert mapping == {SYSTEM: "gpt-oss-120b"}
 
 
+@pytest.mark.slow
 def test_a_harness_that_cut_responses_fails_test09_by_name(chain, tmp_path):
     """A planted defect at chain level: TEST09's responses cut by 200 tokens each (n_tokens left as
     reported) fail its bounds and its length check, in the packager and in the checker."""

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from sut.bench.gpu_steps import StepBench
@@ -27,6 +28,7 @@ TINY = dict(
 )
 
 
+@pytest.mark.slow
 def test_step_bench_runs_decode_and_mixed_steps(monkeypatch):
     bench = StepBench(
         TINY,
@@ -93,6 +95,7 @@ REQUIREMENTS_BEYOND_GPU_CHECK = (
 )
 
 
+@pytest.mark.slow
 def test_gpu_check_needs_nothing_beyond_torch_triton_numpy(tmp_path):
     """What a lent GPU machine has: in a process where our other requirements cannot be imported
     (as in a venv without them; torch's optional imports fall back as they would there), every
@@ -115,6 +118,7 @@ sys.exit(sut.bench.gpu_check.main(["--out", {str(tmp_path)!r}]))
     assert out.stdout.count("no CUDA GPU") == 2
 
 
+@pytest.mark.slow
 def test_tensor_parallel_check_on_gloo_matches_one_process():
     """gpu_check's TP=2 check, on two CPU processes: random_model's slices make the one process's
     model, so the logits agree to fp32 rounding and the greedy tokens are the same."""
@@ -170,6 +174,7 @@ def test_the_results_page_has_each_half_it_was_given():
     )
 
 
+@pytest.mark.slow
 def test_step_bench_runs_one_rank_of_a_deepseek_r1_shaped_fp8_model():
     """gpu_check's DeepSeek-R1 steps on a tiny shape: rank 0's share of TP/EP 2 alone in a group of
     one, its decoder linears and experts FP8 with 128 x 128 block scales (the slices of the whole

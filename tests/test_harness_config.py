@@ -51,6 +51,7 @@ def test_bad_user_conf(tmp_path, line, message):
         check_user_conf(path)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_missing_dataset_before_loadgen(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "harness", "run", "--system", "cpu-demo"],
@@ -85,6 +86,7 @@ def test_accuracy_reference_of_another_dataset_is_refused(monkeypatch, tmp_path)
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Offline", "accuracy")
 
 
+@pytest.mark.slow
 def test_a_prompt_with_room_for_one_new_token_is_refused_before_loadgen(tiny_llama, tmp_path):
     """A 1-token response makes LoadGen log an error (token latencies on), so a prompt that leaves
     room for fewer than 2 new tokens in max_model_len is refused up front."""
@@ -175,6 +177,7 @@ def test_engine_settings_given_for_one_run_override_the_system_and_are_checked(t
         RunConfig.resolve("cpu-demo", "llama3.1-8b", "Server", "performance", engine=[1])
 
 
+@pytest.mark.slow
 def test_cli_refuses_engine_settings_that_are_not_json():
     result = subprocess.run(
         [sys.executable, "-m", "harness", "run", "--scenario", "Server", "--engine", "{oops"],

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 CHECK = """
@@ -20,6 +22,7 @@ print(kernels.__file__, is_kernels_available(), hasattr(kernels, "paged_attentio
 """
 
 
+@pytest.mark.slow
 def test_transformers_and_our_kernels_coexist():
     for order in (["transformers", "kernels"], ["kernels", "transformers"]):
         out = subprocess.run([sys.executable, "-c", CHECK, *order], cwd=REPO, capture_output=True, text=True)

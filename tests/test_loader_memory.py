@@ -4,6 +4,8 @@ process's peak memory by about one copy of the weights, not two."""
 import subprocess
 import sys
 
+import pytest
+
 MEASURE = """
 import resource, sys, torch
 from sut.config import ModelConfig
@@ -26,6 +28,7 @@ print(before, peak, weights)
 """
 
 
+@pytest.mark.slow
 def test_loading_peaks_at_about_one_copy_of_the_weights(smollm2_dir):
     out = subprocess.run([sys.executable, "-c", MEASURE, str(smollm2_dir)], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -83,6 +83,7 @@ def test_offline_performance_run_is_valid(tiny_llama, prompts, tmp_path):
     assert detail(tmp_path)["result_validity"] == "VALID"
 
 
+@pytest.mark.slow
 def test_server_performance_run_is_valid_and_streams_the_first_token(tiny_llama, prompts, tmp_path):
     assert not run_loadgen(
         tiny_llama,

@@ -166,6 +166,7 @@ def run_in_process(monkeypatch, capsys, *args):
     return SimpleNamespace(returncode=exit.value.code, stdout=out, stderr=err)
 
 
+@pytest.mark.slow
 def test_cli_missing_target(tmp_path):
     done = run_cli("sut.tools.make_draft", "--target", tmp_path / "none", "--layers", 1, "--out", tmp_path / "out")
     assert done.returncode == 2

@@ -126,6 +126,7 @@ def decode_step(shape, context_lens, block_size, dtype, **kwargs) -> Step:
 # Decode-only steps
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", ABSORBED_SMALL + [DECOMPRESSED_SMALL], ids=mla_id)
 @pytest.mark.parametrize("block_size", [4, 16])
@@ -151,6 +152,7 @@ def test_decode_split_k_over_many_splits(num_splits):
     step.check(got, f"decode split-K splits={num_splits}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_decode_tiles_of_query_heads(dtype):
     """A group wider than a program's tile (64 query heads on one KV head, 16 a program: 4 tiles
@@ -228,6 +230,7 @@ MIXED_QUERY_LENS = [1, 1, 1, 4, 9, 6, 1]
 MIXED_SEQ_LENS = [2, 17, 90, 40, 9, 6 + 21, 50]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", ABSORBED_SMALL + [DECOMPRESSED_SMALL], ids=mla_id)
 def test_mixed_step_triton(shape, dtype):

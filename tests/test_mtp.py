@@ -240,6 +240,7 @@ def test_greedy_output_is_plain_decodings_and_transformers(random_module, random
     assert len(engine.proposer.pending) == 0  # nothing kept for finished sequences
 
 
+@pytest.mark.slow
 def test_two_tensor_parallel_ranks_draft_as_one_process(near):
     """The module on both ranks of TP 2 (gloo; its heads, experts and shared-expert features split
     as the target's): greedy output token-identical to one process's with and without MTP, in
@@ -453,6 +454,7 @@ def sampled_triples(target: Target, prompt, n: int) -> tuple[Counter, dict]:
 PROMPT = [3, 5, 7, 3, 5]
 
 
+@pytest.mark.slow
 def test_sampled_tokens_follow_the_target_distribution(small_vocab):
     """2000 seeded requests of one prompt: the first three tokens are distributed as the target's
     P(t1) P(t2 | t1) P(t3 | t1, t2), from transformers' logits, with drafts sampled from the MTP

@@ -215,6 +215,7 @@ def failed_checks(out: torch.Tensor, ngram: bool) -> list[str]:
     return [f"{name}: p = {pv:.2g}" for name, pv in p_values.items() if pv < THRESHOLD]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ngram", [False, True], ids=["draft_probs", "ngram"])
 def test_emitted_tokens_follow_the_target_distribution(ngram):
     """The reference on many trials; the kernel on fewer (the interpreter runs a program in some

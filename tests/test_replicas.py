@@ -28,6 +28,7 @@ def pool(tiny_llama):
     assert not any(p.is_alive() for p in pool.workers.procs)
 
 
+@pytest.mark.slow
 def test_offline_api_with_two_replicas_gives_one_engines_outputs_in_order(tiny_llama):
     prompts = random_prompts([3 + (5 * i) % 30 for i in range(12)], seed=8)
     params = [SamplingParams(max_tokens=6 + i % 4, temperature=0.8 * (i % 2), seed=i) for i in range(12)]
@@ -41,6 +42,7 @@ def test_offline_api_with_two_replicas_gives_one_engines_outputs_in_order(tiny_l
     llm.engine.close()
 
 
+@pytest.mark.slow
 def test_replicas_get_disjoint_cores_and_threads(pool):
     cores = [place["cores"] for place in pool.placements]
     assert all(cores) and not set(cores[0]) & set(cores[1])
@@ -67,6 +69,7 @@ def test_loadgen_answers_every_sample_once_with_one_engines_tokens(tiny_llama, p
     assert [logged[i] for i in range(NUM_SAMPLES)] == [o.token_ids for o in want]
 
 
+@pytest.mark.slow
 def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_once(tiny_llama):
     pool = ReplicaPool(tiny_llama[0], 2, **SETTINGS)
     assert isinstance(pool, EngineClient) and all(hasattr(pool, name) for name in EngineClient.__annotations__)
@@ -99,6 +102,7 @@ def test_a_killed_replica_ends_the_run_with_its_name_and_every_request_answered_
     assert not any(p.is_alive() for p in pool.workers.procs)
 
 
+@pytest.mark.slow
 def test_a_replica_that_cannot_load_is_named(tiny_llama, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()

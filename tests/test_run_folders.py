@@ -72,6 +72,7 @@ def slow_conf(path, qps, queries=NUM_SAMPLES):
     return path
 
 
+@pytest.mark.slow
 def test_a_killed_accuracy_run_is_refused_by_the_packager_and_its_log_by_the_checker(chain, root, tmp_path):
     accuracy = root / LOGS / "Server" / "accuracy"
     assert status(accuracy)["status"] == "complete" and (accuracy / "accuracy.txt").is_file()
@@ -131,6 +132,7 @@ def test_a_score_of_another_run_is_refused(root, tmp_path):
         package("tiny", tmp_path / "submission", root=root)
 
 
+@pytest.mark.slow
 def test_names_that_are_paths_touch_nothing_outside_the_build_folder(root, tmp_path):
     # root is tmp_path/repo: each name below, taken as a path, leads to tmp_path/sentinel.
     sentinel = tmp_path / "sentinel"
@@ -184,6 +186,7 @@ def test_a_system_file_naming_a_path_is_refused(root, field, value):
         System.load("tiny", root)
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_it(root, tmp_path):
     logs = tmp_path / "logs"
     first = start_run(
@@ -246,6 +249,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_a_failed_request_fails_the_run_and_the_packager_refuses_it(root, tmp_path):
     performance = root / LOGS / "Offline" / "performance"
     command = harness_command(root, "Offline", "performance", "--no-warmup")
@@ -270,6 +274,7 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_a_server_run_with_130_and_its_folder_marked_failed(root, tmp_path):
     logs = tmp_path / "logs"
     proc = start_run(
@@ -307,6 +312,7 @@ def test_ctrl_c_ends_a_server_run_with_130_and_its_folder_marked_failed(root, tm
     assert replicas and not any(map(process_alive, replicas)), "a replica was left running"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("corruption", ["nan", "changed", "huge"])
 def test_corrupt_norm_weights_end_the_run_with_an_error(root, tmp_path, corruption):
     """Three RMSNorm weights corrupted, as a bad copy would: NaN is refused at load; with the folder's
@@ -386,6 +392,7 @@ EARLY = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", EARLY)
 def test_bad_input_ends_the_run_in_one_line_before_loadgen_starts(root, tmp_path, case):
     """Each found before the model loads or LoadGen starts: the user waits seconds, not a run, and

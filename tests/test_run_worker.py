@@ -47,6 +47,7 @@ def responses(folder):
     return {e["qsl_idx"]: e["data"] for e in json.loads((folder / "mlperf_log_accuracy.json").read_text())}
 
 
+@pytest.mark.slow
 def test_runs_on_one_engine_are_each_a_run_of_its_own(tiny_root, tmp_path):
     folders = [tmp_path / name for name in ("offline-1", "server", "offline-2")]
     with start(tiny_root, tmp=tmp_path) as worker:
@@ -74,6 +75,7 @@ def test_runs_on_one_engine_are_each_a_run_of_its_own(tiny_root, tmp_path):
     assert len(responses(folders[0])) == 24
 
 
+@pytest.mark.slow
 def test_a_run_with_other_engine_settings_is_refused_and_the_worker_goes_on(tiny_root, tmp_path):
     with start(tiny_root, {"max_num_seqs": 8}, tmp_path) as worker:
         system = json.loads((tiny_root / "systems" / "tiny.json").read_text())
@@ -100,6 +102,7 @@ def test_a_dead_worker_is_an_error_naming_the_run(tiny_root, tmp_path):
         worker.close()
 
 
+@pytest.mark.slow
 def test_a_worker_that_cannot_load_its_engine_says_why(tiny_root, tmp_path):
     with start(tiny_root, {"max_num_seqs": -1}, tmp_path) as worker:
         with pytest.raises(HarnessConfigError, match="the run worker ended \\(exit status 1\\).*max_num_seqs"):

@@ -36,6 +36,7 @@ def hf_model(smollm2_dir):
     return AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
 
 
+@pytest.mark.slow
 def test_smollm2_batched_greedy_matches_transformers(smollm2_dir, hf_model):
     llm = LLM(smollm2_dir, max_num_batched_tokens=512)
     tok = llm.tokenizer

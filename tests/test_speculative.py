@@ -45,6 +45,7 @@ def generate(folder, prompts, params, **settings):
     return [o.token_ids for o in llm.generate(prompts, params)], llm.engine
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ngram", "draft-L1", "self-draft"])
 @pytest.mark.parametrize("batch", [1, 8])
 def test_greedy_speculation_is_token_identical(tiny_llama, tiny_draft, name, batch):
@@ -120,6 +121,7 @@ def test_adaptive_lowers_k_where_drafts_are_rejected(tiny_llama, tiny_draft):
     assert fixed_stats["num_draft_tokens"] / fixed_stats["num_proposals"] > 3.5
 
 
+@pytest.mark.slow
 def test_smollm2_ngram_greedy_is_token_identical(smollm2_dir):
     """The demo model on its C decode path (drafts verified as one step of k + 1 rows a sequence)."""
     data = random_prompts([60] * 8, vocab=1000, seed=4)
@@ -208,6 +210,7 @@ def exact_pairs(model, prompt, temperature):
     return {(a, b): float(joint[a, b]) for a in range(vocab) for b in range(vocab)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("spec", ["draft", "ngram"])
 def test_sampled_tokens_follow_the_target_distribution(small_vocab_llama, spec):
     """2000 seeded requests of one prompt: the pair (first token, second token) is distributed as the
@@ -233,6 +236,7 @@ def test_sampled_tokens_follow_the_target_distribution(small_vocab_llama, spec):
     assert stats["num_proposals"] >= n // 10 and 0 < stats["num_accepted_tokens"] < stats["num_draft_tokens"]
 
 
+@pytest.mark.slow
 def test_a_wrong_verifier_fails_the_distribution_test(small_vocab_llama, monkeypatch):
     """The test above can fail: with drafts accepted whenever q >= p-ish (here: always), the pairs
     are not the target's."""

@@ -68,6 +68,7 @@ def count_host_reads(monkeypatch) -> tuple[list[str], list[int], list[int]]:
 @pytest.mark.parametrize(
     "spec", [None, {"method": "ngram", "num_speculative_tokens": 3}, "draft"], ids=["plain", "ngram", "draft"]
 )
+@pytest.mark.slow
 def test_each_forward_reads_the_device_once(tiny_llama, monkeypatch, spec):
     if spec == "draft":
         spec = {"method": "draft_model", "model": str(tiny_llama[0]), "num_speculative_tokens": 2}

@@ -387,6 +387,7 @@ def test_repository_system_descriptions_pass_the_system_rules(system_file, tmp_p
     assert report.errors == []
 
 
+@pytest.mark.slow
 def test_a_speculating_run_records_its_metrics_and_the_tree_names_the_proposer(chain, tmp_path):
     """A Server run with n-gram speculation from the system's engine settings: its metrics lie
     beside LoadGen's logs, and the packaged system description's
@@ -429,6 +430,7 @@ def _replica_pids(pid: int) -> list[int]:
     ]
 
 
+@pytest.mark.slow
 def test_two_replicas_from_the_cli_answer_each_sample_once(chain, tmp_path):
     root, _, _ = chain
     done = harness_run(root, "Offline", "accuracy", "--log-dir", tmp_path, "--engine", '{"data_parallel_size": 2}')
@@ -438,6 +440,7 @@ def test_two_replicas_from_the_cli_answer_each_sample_once(chain, tmp_path):
     assert sorted(e["qsl_idx"] for e in entries) == list(range(NUM_SAMPLES))
 
 
+@pytest.mark.slow
 def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(chain, tmp_path):
     root, _, _ = chain
     conf = tmp_path / "user.conf"  # a run long enough to be killed in
@@ -469,6 +472,7 @@ def test_a_replica_killed_mid_run_ends_it_with_its_name_and_leaves_no_process(ch
     assert not any(map(process_alive, replicas))
 
 
+@pytest.mark.slow
 def test_an_offline_run_shorter_than_min_duration_runs_again_at_its_measured_rate(chain, tmp_path):
     """LoadGen issues target_qps x min_duration x 1.1 samples in Offline: at a target_qps below what
     the machine does, they are done before min_duration and the run is INVALID. The chain's

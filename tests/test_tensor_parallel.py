@@ -23,6 +23,7 @@ SETTINGS = dict(
 )
 
 
+@pytest.mark.slow
 def test_two_ranks_give_one_process_greedy_tokens_with_half_the_weights_each(tiny_llama):
     prompts = random_prompts([5, 31, 12, 44, 9, 20], seed=13)
     params = SamplingParams(max_tokens=12, ignore_eos=True)
@@ -43,6 +44,7 @@ def test_two_ranks_give_one_process_greedy_tokens_with_half_the_weights_each(tin
     assert not any(p.is_alive() for p in two.engine.ranks.procs)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_with_two_ranks_is_one_process_sampling(tiny_llama):
     prompts = random_prompts([7, 19], seed=2)
     params = [
@@ -65,6 +67,7 @@ def test_sizes_that_do_not_divide_the_heads_are_refused_by_name(tiny_llama):
         LLMEngine(tiny_llama[0], tensor_parallel_size=3, **SETTINGS)
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_engine_with_its_name(tiny_llama):
     engine = LLMEngine(tiny_llama[0], tensor_parallel_size=2, **SETTINGS)
     try:
@@ -93,6 +96,7 @@ llm.engine.close()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["tensor_parallel_size=2", "data_parallel_size=2"])
 def test_a_script_without_the_main_guard_is_told_what_to_do(tiny_llama, tmp_path, kind):
     """Spawned workers re-import the main script; without the guard each dies before its own code

@@ -105,6 +105,7 @@ def tiny_root(tiny_llama, tmp_path_factory):
     return root, traffic
 
 
+@pytest.mark.slow
 def test_a_run_on_the_traffic_generates_each_response_to_its_given_length(tiny_root, tokenizer, tmp_path):
     root, traffic = tiny_root
     assert convert(traffic, tokenizer, tmp_path / "traffic.json") == ARRIVALS
@@ -154,6 +155,7 @@ def run_replay(root, folder, arrivals, qps):
     )
 
 
+@pytest.mark.slow
 def test_a_replay_issues_each_request_at_its_scaled_time_and_is_read_as_a_loadgen_run(tiny_root, tokenizer, tmp_path):
     root, traffic = tiny_root
     convert(traffic, tokenizer, tmp_path / "traffic.json")
@@ -182,6 +184,7 @@ def test_a_replay_issues_each_request_at_its_scaled_time_and_is_read_as_a_loadge
     )
 
 
+@pytest.mark.slow
 def test_the_report_on_traffic_with_arrival_times_searches_by_replays(tiny_root, tmp_path):
     root, traffic = tiny_root
     out = tmp_path / "report"
@@ -205,6 +208,7 @@ def test_the_report_on_traffic_with_arrival_times_searches_by_replays(tiny_root,
     assert "are replayed, scaled to each trial's mean rate" in (out / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_refused_request_ends_the_replay_with_an_error_naming_it(tiny_root, tokenizer, tmp_path):
     root, _ = tiny_root
     traffic = tmp_path / "traffic.jsonl"

@@ -33,6 +33,7 @@ def block_size_for(gqa: int, dtype: torch.dtype) -> int:
 # Decode attention
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gqa", GQA_RATIOS)
 def test_decode_attention_ragged_gqa(dtype, gqa):
@@ -85,6 +86,7 @@ def prefill_batch(block_size: int) -> tuple[list[int], list[int]]:
     return [q for q, _ in pairs], [s for _, s in pairs]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gqa", GQA_RATIOS)
 def test_prefill_attention_varlen_chunked(dtype, gqa):
@@ -147,6 +149,7 @@ def small_block_size_for(gqa: int, dtype: torch.dtype) -> int:
     return (8, 16, 32)[(gqa + DTYPES.index(dtype)) % 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gqa", [1, 8])
 def test_decode_attention_sinks_and_window(dtype, gqa):
@@ -162,6 +165,7 @@ def test_decode_attention_sinks_and_window(dtype, gqa):
             assert_close(got, want, dtype, case)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("window", [None, 200])
 def test_decode_attention_split_k_carries_the_sink_once(window):
     """Several splits hold keys (4 or 8 of them over 300 and 700 tokens, or over a 200-key window),
@@ -173,6 +177,7 @@ def test_decode_attention_split_k_carries_the_sink_once(window):
         assert_close(got, want, torch.float32, f"decode split-K splits={num_splits} window={window}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("gqa", [1, 8])
 def test_prefill_attention_sinks_and_window(dtype, gqa):
@@ -212,6 +217,7 @@ def test_prefill_attention_sinks_and_window_default_tiles(dtype):
     assert_close(got, want, dtype, "prefill gpt-oss tiles, window 128")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sinks, window", [(True, 13), (True, 1000), (False, 13), (True, None)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_mixed_step_sinks_and_window(sinks, window, dtype):
@@ -328,6 +334,7 @@ def test_rotary_with_llama31_scaled_table(dtype):
 # The engine on the Triton kernels
 
 
+@pytest.mark.slow
 def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama, monkeypatch):
     """Chunked prefill (prefill chunks after cached context), mixed steps (decode rows on the decode
     kernel, chunks on the prefill kernel) and decode-only steps: the same greedy tokens as the
@@ -356,6 +363,7 @@ def test_engine_with_triton_kernels_matches_torch_ops(tiny_llama, monkeypatch):
     assert split_steps, "no step mixed decodes with a prefill chunk"
 
 
+@pytest.mark.slow
 def test_engine_speculating_on_triton_kernels_matches_torch_ops(tiny_llama):
     """Verification steps (k + 1 query rows a sequence, through the prefill kernel) and the
     rejection-sampling kernel in the engine: greedy and seeded sampled requests give the same
@@ -397,6 +405,7 @@ def test_engine_default_is_torch_ops_on_cpu(tiny_llama):
 # Compiling for a GPU without one
 
 
+@pytest.mark.slow
 def test_kernels_compile_for_sm90():
     """The interpreter does not compile; this runs Triton's compiler (to sm_90 cubins, with the
     ptxas that ships in the triton wheel) on exactly what the launchers launch."""

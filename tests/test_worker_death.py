@@ -94,6 +94,7 @@ sys.exit(0)
         ("decode", "decode worker 0"),
     ],
 )
+@pytest.mark.slow
 def test_a_process_killed_mid_run_ends_the_run_with_its_name_and_every_sample_answered_once(
     tiny_llama, tmp_path, kind, name
 ):
