@@ -186,6 +186,47 @@ def check_prefill_attention(
     """`seq_lens[i] - query_lens[i]` tokens of sequence i are cached context (chunked prefill); its
     query tokens follow them. `tiles`: block_m / block_n for the launcher. `sinks`,
     `sliding_window`, `v_head_dim`, `shared_kv`: as for `check_decode_attention`."""
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, extras = _random_step(
+        query_lens,
+        seq_lens,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        dtype,
+        device,
+        seed,
+        sinks,
+        sliding_window,
+        v_head_dim,
+        shared_kv,
+    )
+    scale = head_dim**-0.5
+    got = prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, scale, **tiles, **extras)
+    want = prefill_attention_reference(
+        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale, **_fp32(extras)
+    )
+    return got.float(), want
+
+
+def _random_step(
+    query_lens,
+    seq_lens,
+    num_q_heads,
+    num_kv_heads,
+    head_dim,
+    block_size,
+    dtype,
+    device,
+    seed,
+    sinks,
+    sliding_window,
+    v_head_dim,
+    shared_kv,
+):
+    """A step's random inputs for the prefill and mixed-step checks: the paged K/V with its block
+    tables (the blocks before each window freed), the queries, cu_seqlens_q, the sequence lengths
+    and the kernel's extras (sinks, sliding_window)."""
     g = torch.Generator().manual_seed(seed)
     k_cache, v_cache, block_tables = random_paged_cache(
         seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g, v_head_dim, shared_kv
@@ -193,16 +234,10 @@ def check_prefill_attention(
     q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
     cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    scale = head_dim**-0.5
     sink_logits, block_tables = _sinks_and_window(
         g, query_lens, seq_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window
     )
-    extras = dict(sinks=sink_logits, sliding_window=sliding_window)
-    got = prefill_attention_triton(q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, scale, **tiles, **extras)
-    want = prefill_attention_reference(
-        q.float(), k_cache.float(), v_cache.float(), block_tables, cu_seqlens_q, lens, scale, **_fp32(extras)
-    )
-    return got.float(), want
+    return q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, dict(sinks=sink_logits, sliding_window=sliding_window)
 
 
 def _sinks_and_window(g, query_lens, seq_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window):
@@ -239,17 +274,21 @@ def check_mixed_step_attention(
     rows on the decode kernel, the others on the prefill kernel, against the prefill reference for
     all of them. `sinks`, `sliding_window`, `v_head_dim`, `shared_kv`: as for
     `check_decode_attention`."""
-    g = torch.Generator().manual_seed(seed)
-    k_cache, v_cache, block_tables = random_paged_cache(
-        seq_lens, num_kv_heads, head_dim, block_size, dtype, device, g, v_head_dim, shared_kv
+    q, k_cache, v_cache, block_tables, cu_seqlens_q, lens, extras = _random_step(
+        query_lens,
+        seq_lens,
+        num_q_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        dtype,
+        device,
+        seed,
+        sinks,
+        sliding_window,
+        v_head_dim,
+        shared_kv,
     )
-    q = _randn(g, sum(query_lens), num_q_heads, head_dim, dtype=dtype, device=device)
-    cu_seqlens_q = torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device)
-    lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-    sink_logits, block_tables = _sinks_and_window(
-        g, query_lens, seq_lens, num_q_heads, k_cache, v_cache, block_tables, sinks, sliding_window
-    )
-    extras = dict(sinks=sink_logits, sliding_window=sliding_window)
     meta = AttentionMetadata(
         torch.full((len(q),), -1, device=device), block_tables, cu_seqlens_q, lens, list(query_lens), list(seq_lens)
     )
