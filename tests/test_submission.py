@@ -564,3 +564,42 @@ def test_an_invalid_latency_run_runs_again_at_a_lower_rate_where_it_fits(tmp_pat
     else:
         assert rerun is None and record["target_qps"] == 4.779 and said.endswith(f"a rerun at {qps} QPS {fits}")
         assert (logs / "calibration" / "user.conf").read_text() == conf and (logs / "performance").is_dir()
+
+
+def test_a_demo_interactive_run_invalid_with_no_time_to_rerun_is_left_out(chain, tmp_path):
+    """On the demo, an INVALID Interactive run whose rerun would not fit the budget is left out as a
+    calibration leaves out a scenario no load meets here (Server covers the checker's one of the
+    two): its logs moved beside the calibration, target_qps None, and the package has no results for
+    it, its documentation says why, and our checker passes the tree."""
+    from harness.submission import latency_rerun
+
+    root, _, _ = chain
+    copy_root, copy = tmp_path / "repo", tmp_path / "submission"
+    shutil.copytree(root, copy_root, ignore=shutil.ignore_patterns("submission"))
+    logs = copy_root / "build/logs/tiny/llama3.1-8b/Interactive"
+    (logs / "performance").mkdir(parents=True)
+    server = copy_root / "build/logs/tiny/llama3.1-8b/Server/performance"
+    shutil.copy(server / "mlperf_log_detail.txt", logs / "performance")
+    detail = (logs / "performance" / "mlperf_log_detail.txt").read_text()
+    (logs / "performance" / "mlperf_log_detail.txt").write_text(detail.replace('"VALID"', '"INVALID"'))
+    (logs / "calibration").mkdir()
+    (logs / "calibration" / "user.conf").write_text("llama3_1-8b.Server.target_qps = 2.3656\n")
+    calibrated = "Interactive: target_qps 2.3656, 90% of the capacity LoadGen runs found"
+    (logs / "calibration" / "calibration.json").write_text(json.dumps({"target_qps": 2.3656, "summary": calibrated}))
+
+    rerun, said = latency_rerun(logs, "llama3_1-8b", lambda text: "would take 9 min, past the demo's budget", True)
+    record = json.loads((logs / "calibration" / "calibration.json").read_text())
+    assert rerun is None and record["target_qps"] is None and "INVALID" in record["reason"]
+    assert said.startswith("left out: the performance run at ") and said.endswith("invalid-run-1")
+    assert record["summary"].startswith("Interactive: left out: ")
+    assert record["summary"].endswith(f"(its calibration: {calibrated})")
+    assert not (logs / "performance").exists()
+    assert (logs / "calibration" / "invalid-run-1" / "mlperf_log_detail.txt").is_file()
+
+    system = json.loads((copy_root / "systems/tiny.json").read_text())
+    system["saaf_harness"]["scenarios"] = ["Offline", "Server", "Interactive"]
+    (copy_root / "systems/tiny.json").write_text(json.dumps(system))
+    org, failures = package("tiny", copy, root=copy_root)
+    assert not failures and not (org / "results/tiny/tiny-llama/Interactive").exists()
+    assert f"tiny-llama {record['summary']}\n" in (org / "documentation/README.md").read_text()
+    assert check_tree(copy, demo=True).errors == []
