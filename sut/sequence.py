@@ -4,12 +4,12 @@ The scheduler alone changes this state (sut/engine/scheduler.py): it admits, pre
 after each step `update_from_output` advances the computed tokens and appends the sampled ones.
 """
 
-import time
 from collections.abc import Callable
 from enum import Enum, auto
 
 import torch
 
+from sut.clock import MACHINE
 from sut.sampling_params import SamplingParams
 
 
@@ -28,6 +28,7 @@ class Sequence:
         max_tokens: int,
         on_token: Callable[[int], None] | None = None,
         generator: torch.Generator | None = None,
+        arrival_time: float | None = None,
     ):
         self.request_id = request_id
         self.prompt_token_ids = list(prompt_token_ids)
@@ -56,8 +57,9 @@ class Sequence:
         self.spec_probs: torch.Tensor | None = None
         self.draft_num_computed = 0
         self.num_spec_tokens: int | None = None
-        self.arrival_time = time.perf_counter()  # when it was added: its first token's wait starts here
-        self.first_token_time: float | None = None  # time.perf_counter() when its first token came
+        # When it was added, on the engine's clock (sut/clock.py): its first token's wait starts here.
+        self.arrival_time = MACHINE.now() if arrival_time is None else arrival_time
+        self.first_token_time: float | None = None  # on the same clock, when its first token came
         # Static batching: (reason, output length) once it has finished while its batch goes on.
         self.batch_done: tuple[str, int] | None = None
         self.finish_reason: str | None = None  # "stop", "length", "abort" or "error"

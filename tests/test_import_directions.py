@@ -23,7 +23,17 @@ ALLOWED = {
 # sut/'s layers, lowest first: a file may import its own layer and those below. The request types
 # at the root; the public API (sut/__init__.py) above the engine; tools and benchmarks on top.
 SUT_LAYERS = [
-    ("types", ["sut/errors.py", "sut/sampling_params.py", "sut/sequence.py", "sut/outputs.py", "sut/batch.py"]),
+    (
+        "types",
+        [
+            "sut/clock.py",
+            "sut/errors.py",
+            "sut/sampling_params.py",
+            "sut/sequence.py",
+            "sut/outputs.py",
+            "sut/batch.py",
+        ],
+    ),
     ("config", ["sut/config"]),
     ("parallel", ["sut/parallel"]),
     ("model", ["sut/model"]),

@@ -3,16 +3,15 @@ none is freed twice (its books against the block manager's); the TPOT guard size
 decodes' slack, on a fake clock, and never below nothing."""
 
 import random
-from types import SimpleNamespace
 
 import pytest
 
-import sut.engine.llm_engine
-import sut.sequence
 from sut import LLM, SamplingParams
+from sut.clock import VirtualClock
 from sut.config import EngineConfig
 from sut.config.speculative import SpeculativeConfig
 from sut.engine.block_manager import BlockManager
+from sut.engine.llm_engine import LLMEngine
 from sut.engine.scheduler import ScheduledBatch, Scheduler
 from sut.sequence import SequenceStatus
 from tests.helpers import hf_greedy, random_prompts
@@ -212,10 +211,8 @@ def test_tpot_guard_on_slow_decode_steps_keeps_every_chunk_positive_and_the_toke
     guard holds the 40-token prompt's second chunk back while the 5-token one decodes, every step
     gives every sequence at least one token, and the tokens are those of the engine without the
     guard (and, for the greedy requests, transformers')."""
-    clock = [0.0]
-    fake_time = SimpleNamespace(perf_counter=lambda: clock[0])
-    monkeypatch.setattr(sut.engine.llm_engine, "time", fake_time)  # the step's start and end
-    monkeypatch.setattr(sut.sequence, "time", fake_time)  # arrival times
+    clock = VirtualClock()
+    monkeypatch.setattr(LLMEngine, "clock", clock)  # arrivals, and the step's start and end
     settings = dict(
         num_kv_blocks=64, block_size=8, max_num_batched_tokens=32, enable_prefix_caching=True, speculative_config=spec
     )
@@ -234,7 +231,7 @@ def test_tpot_guard_on_slow_decode_steps_keeps_every_chunk_positive_and_the_toke
             steps.append(list(batch.num_new_tokens))
             prefill = any(batch.is_prefill)
             held_back.append(not prefill and any(s.is_prefill for s in engine.scheduler.running))
-            clock[0] += 0.030 if prefill else 0.060
+            clock.advance(0.030 if prefill else 0.060)
             return execute(batch)
 
         engine._execute = timed
@@ -250,3 +247,26 @@ def test_tpot_guard_on_slow_decode_steps_keeps_every_chunk_positive_and_the_toke
     model = tiny_llama[1]
     assert got[0] == hf_greedy(model, prompts[0], 8)
     assert got[2] == hf_greedy(model, prompts[2], 8, eos_token_id=None)
+
+
+def test_the_engine_reads_time_through_its_clock(tiny_llama):
+    """Arrivals, first tokens and the step costs the TPOT guard reads all come from the engine's
+    clock: on a virtual one that each forward moves by 25 ms, they are exactly its times."""
+    engine = LLMEngine(tiny_llama[0], num_kv_blocks=64, tpot_target_ms=100)
+    engine.clock = clock = VirtualClock(1000.0)
+    execute = engine.runner.execute
+
+    def forward(*args):
+        clock.advance(0.025)
+        return execute(*args)
+
+    engine.runner.execute = forward
+    rid = engine.add_request([1, 2, 3, 4, 5], SamplingParams(max_tokens=4, ignore_eos=True))
+    seq = engine._live[rid]
+    assert seq.arrival_time == 1000.0
+    while engine.has_unfinished():
+        engine.step()
+    assert seq.first_token_time == pytest.approx(1000.025)
+    assert engine.scheduler.costs.decode_step_s == pytest.approx(0.025)
+    assert engine.scheduler.costs.chunk_step_s == pytest.approx(0.025)
+    assert clock.now() == pytest.approx(1000.1)  # a prefill and three decodes

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from sut.clock import MACHINE, Clock
 from sut.config import EngineConfig
 from sut.config.resolved import ResolvedConfig
 from sut.engine.block_manager import BlockManager
@@ -36,6 +37,8 @@ from sut.worker.tp_worker import worker_main
 
 
 class LLMEngine:
+    clock: Clock = MACHINE  # what the step loop and arrivals read (a test may give a VirtualClock)
+
     def __init__(self, model_path: str | Path, **settings):
         config = EngineConfig.from_kwargs(**settings)
         if config.data_parallel_size > 1 or config.disaggregation is not None:
@@ -196,7 +199,14 @@ class LLMEngine:
         if request_id is None:
             request_id = next(self._next_id)
         return make_sequence(
-            prompt, params, request_id, on_token, self.tokenizer, self.model_config.vocab_size, self.max_model_len
+            prompt,
+            params,
+            request_id,
+            on_token,
+            self.tokenizer,
+            self.model_config.vocab_size,
+            self.max_model_len,
+            self.clock.now(),
         )
 
     def submit(self, seqs: list[Sequence]) -> None:
@@ -221,7 +231,7 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         finished = self._take_inbox()
         finished += self.scheduler.end_batch()
-        start = time.perf_counter()
+        start = self.clock.now()
         if self.proposer is not None:
             self._propose_drafts()
         batch = self.scheduler.schedule(start)
@@ -229,7 +239,7 @@ class LLMEngine:
             # An EAGLE3 or MTP head is handed the step's hidden states after the update (the positions kept).
             starts = [s.num_computed_tokens for s in batch.seqs] if self.aux_layers else None
             sampled, aux = self._execute(batch)
-            now = time.perf_counter()
+            now = self.clock.now()
             self.scheduler.record_step(batch, now - start)
             finished += self.scheduler.update_from_output(batch, sampled, now)
             if aux is not None:

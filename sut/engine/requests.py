@@ -20,6 +20,7 @@ def make_sequence(
     tokenizer,
     vocab_size: int,
     max_model_len: int,
+    arrival_time: float | None = None,
 ) -> Sequence:
     """A request's sequence, after checking its prompt (text needs `tokenizer`) and its stop tokens
     against the vocabulary, and clamping max_tokens to what max_model_len leaves: InvalidRequestError
@@ -50,7 +51,7 @@ def make_sequence(
         )
     max_tokens = min(params.max_tokens, max_model_len - len(token_ids))
     generator = None if params.seed is None else torch.Generator().manual_seed(params.seed)
-    return Sequence(request_id, token_ids, params, max_tokens, on_token, generator)
+    return Sequence(request_id, token_ids, params, max_tokens, on_token, generator, arrival_time)
 
 
 def as_token_id(value, pos: int) -> int:
