@@ -51,6 +51,7 @@ SUT_LAYERS = [
 # are measured; the measurement nothing of the chain.
 HARNESS_LAYERS = [
     ("run", ["harness"]),
+    ("predict", ["harness/predict"]),
     ("measure", ["harness/measure"]),
     ("chain", ["harness/submission.py"]),
 ]
