@@ -57,3 +57,52 @@ def test_early_stopping_needs_the_fewest_queries_that_give_99_percent_confidence
     h = min_passing_queries(t)
     assert odds(h, t) < 0.01 <= odds(h - 1, t)
     assert min_passing_queries(0) == 459  # 0.99^459 < 0.01 <= 0.99^458
+
+
+def constant_cost_engine(step_s: float, max_num_seqs: int = 1):
+    from harness.predict.simulate import Engine
+    from harness.predict.step_costs import StepCostModel
+    from sut.config import EngineConfig
+
+    costs = StepCostModel({"step": step_s, "token": 0.0, "row": 0.0, "attention": 0.0}, 0.0, 0.0, 1)
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, block_size=4)
+    return Engine(config, num_blocks=4096, costs=costs, max_tokens=64)
+
+
+@pytest.mark.parametrize("load", [0.3, 0.6])
+def test_one_request_per_step_at_a_constant_cost_is_an_m_d_1_queue(load):
+    """With one sequence at a time, one step per request and a constant step cost D, the simulated
+    engine under LoadGen's Poisson arrivals is an M/D/1 queue: mean time to first token D + the
+    Pollaczek-Khinchine wait rho D / (2 (1 - rho)), within a few percent over 20,000 queries."""
+    from harness.predict.simulate import Workload, latencies_ns, run
+
+    step_s, n = 0.010, 20_000
+    times, _ = server_schedule(load / step_s, RUN["schedule_rng_seed"], 0, n)
+    queries = run(constant_cost_engine(step_s), [t / 1e9 for t in times], [0] * n, Workload([[5, 6, 7]], [1]))
+    ttft, _ = latencies_ns(queries)
+    want = step_s + load * step_s / (2 * (1 - load))
+    assert sum(ttft) / n / 1e9 == pytest.approx(want, rel=0.04)
+
+
+def test_littles_law_holds_on_the_schedulers_in_flight_counts():
+    """The scheduler's own count of requests in flight, averaged over virtual time, equals the
+    arrival rate times the mean time a query spends in it, from its admission at a step's start to
+    its completion (L = lambda W), on a batched, chunked run where queries overlap."""
+    from harness.predict.simulate import Workload, run
+
+    times, _ = server_schedule(40.0, RUN["schedule_rng_seed"], 0, 3000)
+    workload = Workload([[i % 50 + 1] * (20 + 7 * i) for i in range(10)], [3 + 5 * i for i in range(10)])
+    stretches = []
+    queries = run(
+        constant_cost_engine(0.004, max_num_seqs=8),
+        [t / 1e9 for t in times],
+        [i % 10 for i in range(3000)],
+        workload,
+        stretches,
+    )
+    span = sum(seconds for seconds, _ in stretches)
+    average_in_flight = sum(seconds * count for seconds, count in stretches) / span
+    arrival_rate = len(queries) / span
+    mean_time = sum(end - admitted for _, admitted, _, end, _ in queries) / len(queries)
+    assert average_in_flight > 2, "the queries overlap"
+    assert average_in_flight == pytest.approx(arrival_rate * mean_time, rel=0.01)
