@@ -268,7 +268,8 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     budget = ["--budget-min", f"{DEMO_BUDGET_MIN - (time.time() - start) / 60:.2f}"] if system.demo else []
     first = start_qps(logs, scenario, server)
     command = ["-m", "harness.measure.calibrate", "--system", system.name, "--benchmark", benchmark]
-    command += ["--scenario", scenario, *(["--start-qps", f"{first:.4f}"] if first else []), *budget, *root_args(root)]
+    command += ["--scenario", scenario, "--predict", *(["--start-qps", f"{first:.4f}"] if first else [])]
+    command += [*budget, *root_args(root)]
     run_step([sys.executable, *command])
     calibration = load_calibration(logs)
     if calibration["target_qps"] is not None and system.demo and scenario == "Interactive":

@@ -173,3 +173,24 @@ def test_the_search_starts_from_offlines_rate_or_servers_capacity(tmp_path):
     assert start_qps(logs / "Server", "Server", None) == pytest.approx(START_SHARE * 8.0)
     assert start_qps(logs / "Interactive", "Interactive", {"capacity_qps": 5.5}) == INTERACTIVE_START_SHARE * 5.5
     assert start_qps(logs / "Interactive", "Interactive", None) is None
+
+
+def test_with_predict_the_search_starts_at_the_predicted_capacity(chain, tmp_path):
+    """`--predict`: the step costs profiled on the calibration's engine, the capacity simulated, and
+    the first LoadGen trial run at that rate; calibration.json and its summary give the prediction
+    beside what the trials found."""
+    root = tmp_path / "repo"
+    shutil.copytree(chain[0], root, ignore=shutil.ignore_patterns("submission"))
+    command = [sys.executable, "-m", "harness.measure.calibrate", "--system", "tiny", "--scenario", "Server"]
+    done = subprocess.run(
+        [*command, "--predict", "--start-qps", "1", "--budget-min", "1.5", "--root", str(root)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=one_thread(),
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    cal = json.loads((root / "build/logs/tiny/llama3.1-8b/Server/calibration/calibration.json").read_text())
+    assert cal["predicted_qps"] > 1 and cal["trials"][0]["qps"] == cal["predicted_qps"]
+    assert "fit error median" in cal["predicted"] and "predicted capacity" in done.stdout
+    assert f"predicted before the search: {cal['predicted']}" in cal["summary"]

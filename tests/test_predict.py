@@ -64,7 +64,7 @@ def constant_cost_engine(step_s: float, max_num_seqs: int = 1):
     from harness.predict.step_costs import StepCostModel
     from sut.config import EngineConfig
 
-    costs = StepCostModel({"step": step_s, "token": 0.0, "row": 0.0, "attention": 0.0}, 0.0, 0.0, 1)
+    costs = StepCostModel({"step": step_s, "prefill_token": 0.0, "decode_token": 0.0, "attention": 0.0}, 0.0, 0.0, 1)
     config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, block_size=4)
     return Engine(config, num_blocks=4096, costs=costs, max_tokens=64)
 
@@ -106,3 +106,73 @@ def test_littles_law_holds_on_the_schedulers_in_flight_counts():
     mean_time = sum(end - admitted for _, admitted, _, end, _ in queries) / len(queries)
     assert average_in_flight > 2, "the queries overlap"
     assert average_in_flight == pytest.approx(arrival_rate * mean_time, rel=0.01)
+
+
+def test_the_fit_recovers_known_step_costs_and_keeps_every_term_non_negative():
+    """Steps costed by known terms (with 2% noise) give those terms back within a few percent; a
+    term that costs nothing comes out at 0, never below."""
+    import random
+
+    from harness.predict.step_costs import TERMS, fit
+
+    rng = random.Random(0)
+    truth = {"step": 0.004, "prefill_token": 0.0003, "decode_token": 0.0, "attention": 2e-7}
+    shapes = []
+    for _ in range(300):
+        prefill, decode = rng.choice([0, rng.randint(1, 512)]), rng.randint(0, 64)
+        shapes.append(
+            {
+                "step": 1.0,
+                "prefill_token": prefill,
+                "decode_token": decode,
+                "attention": (prefill + decode) * rng.randint(1, 400),
+            }
+        )
+    seconds = [sum(truth[t] * s[t] for t in TERMS) * rng.uniform(0.98, 1.02) for s in shapes]
+    model = fit(shapes, seconds)
+    assert all(v >= 0 for v in model.seconds_per.values())
+    for term in ("step", "prefill_token", "attention"):
+        assert model.seconds_per[term] == pytest.approx(truth[term], rel=0.05)
+    assert model.seconds_per["decode_token"] < 0.02 * truth["prefill_token"]
+    assert model.median_error < 0.02 and model.steps == 300
+
+
+def test_output_lengths_come_from_a_whole_accuracy_run(tmp_path):
+    from harness.predict.predictor import PredictError, output_lengths
+
+    log = tmp_path / "mlperf_log_accuracy.json"
+    log.write_text(
+        json.dumps([{"qsl_idx": 1, "token_count": 7, "data": ""}, {"qsl_idx": 0, "token_count": 3, "data": ""}])
+    )
+    assert output_lengths(log, 2) == [3, 7]
+    with pytest.raises(PredictError, match=r"samples \[2\] have no response"):
+        output_lengths(log, 3)
+    with pytest.raises(PredictError, match="no accuracy log"):
+        output_lengths(tmp_path / "none.json", 3)
+
+
+def test_the_predict_command_profiles_once_and_prints_the_capacity_with_its_band(chain):
+    """`python -m harness.predict` on the tiny system: the step costs profiled on its engine and
+    saved with the machine, commit and settings; the last line the predicted capacity within its
+    band; run again, the saved model is reused and the prediction is the same."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.tiny_system import one_thread
+
+    root = chain[0]
+    command = [sys.executable, "-m", "harness.predict", "--system", "tiny", "--scenario", "Server", "--root", str(root)]
+    runs = [subprocess.run(command, capture_output=True, text=True, env=one_thread(), cwd=root) for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-2000:]
+    first, second = (done.stdout.strip().splitlines() for done in runs)
+    assert any("profiling the engine's steps" in line for line in first)
+    assert any("step costs: reused" in line for line in second)
+    found = re.fullmatch(r"predicted capacity: ([\d.]+) QPS \(band ([\d.]+)-([\d.]+)\)", first[-1])
+    assert found, first[-1]
+    qps, low, high = map(float, found.groups())
+    assert low <= qps <= high and second[-1] == first[-1]
+    assert "fit error median" in first[-2]
+    saved = json.loads(next((root / "build" / "predict").rglob("step-costs-*.json")).read_text())
+    assert set(saved["context"]) >= {"machine", "commit", "settings"} and saved["steps"] >= 4

@@ -44,6 +44,15 @@ from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, search_capacity
 from harness.measure.estimates import predicted_minutes
+from harness.predict.predictor import (
+    PredictError,
+    output_lengths,
+    predict,
+    schedule_settings,
+    simulated_engine,
+    step_costs,
+)
+from harness.predict.simulate import Workload
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -71,6 +80,8 @@ class Calibration:
     target_qps: float | None = None  # RUN_SHARE of capacity_qps: the runs' rate
     trials: list[dict] = field(default_factory=list)  # rate, passed, what LoadGen measured
     search: str = ""  # the search's account
+    predicted_qps: float | None = None  # the capacity the simulation predicted before the search (harness/predict)
+    predicted: str = ""  # the prediction's account: its band and step costs, or why there is none
     reason: str = ""  # why the scenario is left out, when target_qps is None
     margin: str = MARGIN
 
@@ -83,9 +94,10 @@ class Calibration:
     def summary(self) -> str:
         if self.target_qps is None:
             return f"{self.scenario}: left out: {self.reason} ({self.floors()})"
+        predicted = f"; predicted before the search: {self.predicted}" if self.predicted else ""
         return (
             f"{self.scenario}: target_qps {self.target_qps:.3f}, {RUN_SHARE:.0%} of the capacity LoadGen runs "
-            f"found: {self.search}; {self.floors()}"
+            f"found: {self.search}{predicted}; {self.floors()}"
         )
 
 
@@ -156,6 +168,27 @@ def find_capacity(
         cal.target_qps = loadgen_double(RUN_SHARE * found.passed_qps, 4)  # as the user.conf and LoadGen's log have it
 
 
+def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Path) -> None:
+    """Before the search, into `cal`: the capacity the engine's scheduler reaches in simulation
+    (harness/predict) on step costs profiled on `engine`, the output lengths of the system's Offline
+    accuracy run, and this run's LoadGen settings; or why there is none."""
+    log = cfg.log_dir.parent.parent / "Offline" / "accuracy" / "mlperf_log_accuracy.json"
+    try:
+        workload = Workload(dataset.input_ids, output_lengths(log, len(dataset)))
+        settings = cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name)
+        say = lambda line: print(f"calibrate {cfg.scenario}: {line}", flush=True)  # noqa: E731
+        costs = step_costs(engine, cfg, dataset.input_ids, settings, root, say)
+        prediction = predict(
+            simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance")), workload, schedule_settings(cfg)
+        )
+    except PredictError as e:
+        cal.predicted = f"none ({e})"
+        return
+    cal.predicted_qps = prediction.qps and loadgen_double(prediction.qps, 4)
+    cal.predicted = prediction.describe()
+    print(f"calibrate {cfg.scenario}: predicted capacity {cal.predicted}", flush=True)
+
+
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
     """The scenario's three runs at `qps` on its committed user.conf (the chain's estimate)."""
     conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
@@ -175,7 +208,14 @@ def main() -> None:
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmark", default="llama3.1-8b")
     parser.add_argument("--scenario", default="Server", choices=["Server", "Interactive"])
-    parser.add_argument("--start-qps", type=float, help="the search's first rate (default: the committed one)")
+    parser.add_argument(
+        "--start-qps", type=float, help="the search's first rate where none is predicted (default: the committed one)"
+    )
+    parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="start the search at the capacity harness.predict predicts (profiles first)",
+    )
     parser.add_argument("--budget-min", type=float, help="minutes for the search and the scenario's runs after it")
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
@@ -195,6 +235,8 @@ def main() -> None:
     ttft_limit, tpot_limit = cfg.benchmark.latency_limits_ms[args.scenario]
     try:
         cal = measure_floors(engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit)
+        if args.predict and not cal.reason:
+            predict_capacity(cal, engine, cfg, dataset, args.root)
     finally:
         engine.close()
     print(f"calibrate {args.scenario}: {cal.floors()}", flush=True)
@@ -221,7 +263,11 @@ def main() -> None:
             ),
             log=lambda line: print(f"calibrate {args.scenario}: {line}", flush=True),
         )
-        start = args.start_qps or float(conf_value(committed, loadgen_model, "Server", "target_qps") or 1.0)
+        start = (
+            cal.predicted_qps
+            or args.start_qps
+            or float(conf_value(committed, loadgen_model, "Server", "target_qps") or 1.0)
+        )
         try:
             budget = None if args.budget_min is None else args.budget_min * 60
             find_capacity(cal, trials, start, budget, len(dataset))

@@ -1,7 +1,8 @@
 """What an engine step costs on this machine, as a sum of terms a reader can check: a fixed cost
-per step, per token computed (the linears), per sequence in the batch (its sampling and book-keeping),
-and per (new token, context token) pair (attention), as DistServe and Vidur model a step. Fitted by
-least squares on relative error to real steps of the engine (`profile`), its fit error printed."""
+per step (the weights read once), per prompt token computed (a GEMM row), per decoding token (a row
+of the decode kernels, a draft counting as one) and per (new token, cached token) pair attended, as
+DistServe and Vidur model a step, prefill and decode apart. Fitted by least squares on relative
+error to real steps of the engine (`profile`), its fit error printed."""
 
 import json
 import os
@@ -12,18 +13,19 @@ from pathlib import Path
 
 import numpy as np
 
-TERMS = ("step", "token", "row", "attention")
+TERMS = ("step", "prefill_token", "decode_token", "attention")
+UNITS = {"step": "step", "prefill_token": "prompt token", "decode_token": "decode token", "attention": "pair"}
 
 
 def step_shape(batch) -> dict[str, float]:
     """The terms of a ScheduledBatch, before the scheduler updates its sequences: each row computes
     `n` tokens after `c` already cached, attending to c + 1 .. c + n tokens."""
-    attention = sum(n * (s.num_computed_tokens + (n + 1) / 2) for s, n in zip(batch.seqs, batch.num_new_tokens))
+    rows = list(zip(batch.seqs, batch.num_new_tokens, batch.is_prefill))
     return {
         "step": 1.0,
-        "token": float(sum(batch.num_new_tokens)),
-        "row": float(len(batch.seqs)),
-        "attention": attention,
+        "prefill_token": float(sum(n for _, n, prefill in rows if prefill)),
+        "decode_token": float(sum(n for _, n, prefill in rows if not prefill)),
+        "attention": sum(n * (s.num_computed_tokens + (n + 1) / 2) for s, n, _ in rows),
     }
 
 
@@ -34,17 +36,13 @@ class StepCostModel:
     p90_error: float
     steps: int  # how many it was fitted on
     context: dict = field(default_factory=dict)  # machine, commit, settings: what it holds for
+    profiled: list = field(default_factory=list)  # the steps it was fitted on: TERMS' values, then seconds
 
     def seconds(self, shape: dict[str, float], scale: float = 1.0) -> float:
         return scale * sum(self.seconds_per[t] * shape[t] for t in TERMS)
 
     def describe(self) -> str:
-        terms = ", ".join(
-            f"{self.seconds_per[t] * 1e3:.4g} ms/{t}"
-            if t != "attention"
-            else f"{self.seconds_per[t] * 1e9:.4g} ns/pair"
-            for t in TERMS
-        )
+        terms = ", ".join(f"{self.seconds_per[t] * 1e6:.4g} us/{UNITS[t]}" for t in TERMS)
         return f"{terms}; fit error median {self.median_error:.1%}, p90 {self.p90_error:.1%} over {self.steps} steps"
 
     def save(self, path: Path) -> None:
@@ -79,12 +77,13 @@ def fit(shapes: list[dict[str, float]], seconds: list[float], context: dict | No
 
 
 def profile(engine, prompts: list[list[int]], budget_s: float = 120.0) -> tuple[list[dict], list[float]]:
-    """Real steps of `engine` (warmed up, idle) and what each cost: groups of the dataset's prompts
+    """Real steps of `engine` (idle; warmed up here first) and what each cost: groups of the dataset's prompts
     submitted together at batch sizes 1, 2, 4, .. max_num_seqs (prefill chunks, then decodes at that
     batch as contexts grow), then prompts arriving one per step beside running decodes (mixed
     steps), until `budget_s` is spent. The engine is reset after."""
     from sut import SamplingParams
 
+    engine.warmup()
     shapes, seconds = [], []
     record = engine.scheduler.record_step
 
@@ -140,4 +139,4 @@ def machine_context(settings: dict, commit: str) -> dict:
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"machine": f"{cpu}, {cores} cores", "commit": commit, "settings": settings}
+    return {"machine": f"{cpu}, {cores} cores", "commit": commit, "settings": settings, "terms": list(TERMS)}

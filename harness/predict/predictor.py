@@ -1,0 +1,111 @@
+"""A configuration's predicted capacity: its step-cost model (fitted on this machine's engine, or a
+saved one that holds for this machine, commit and settings), its samples' output lengths (an
+accuracy run's log) and its LoadGen settings (mlperf.conf and the user.conf), simulated."""
+
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.config import RunConfig
+from harness.predict.simulate import Engine, Workload, capacity
+from harness.predict.step_costs import StepCostModel, fit, machine_context, profile
+from systems.schema import REPO
+
+PROFILE_S = 90.0  # the profiling sweep's budget: a few minutes at most on 2 cores, warm-up included
+
+
+class PredictError(ValueError):
+    """What a prediction lacks (its message names it)."""
+
+
+@dataclass
+class Prediction:
+    qps: float | None  # the highest rate whose simulated run is VALID; None: not even the lowest tried
+    low: float | None  # the same with every step costing the model's median error more
+    high: float | None  # and less
+    costs: StepCostModel
+    simulated_runs: int
+
+    def describe(self) -> str:
+        if self.qps is None:
+            return f"no rate meets the limits in simulation (step costs: {self.costs.describe()})"
+        band = f"band {self.low or 0:.3f}-{self.high or 0:.3f}"
+        return f"{self.qps:.3f} QPS ({band}; {self.simulated_runs} simulated runs; step costs: {self.costs.describe()})"
+
+
+def output_lengths(accuracy_log: Path, num_samples: int) -> list[int]:
+    """Each sample's output tokens in an accuracy run's mlperf_log_accuracy.json (every sample once)."""
+    if not accuracy_log.is_file():
+        raise PredictError(f"no accuracy log at {accuracy_log}: the output lengths come from an accuracy run")
+    lengths: dict[int, int] = {}
+    for entry in json.loads(accuracy_log.read_text()):
+        lengths[entry["qsl_idx"]] = entry["token_count"]
+    missing = [i for i in range(num_samples) if i not in lengths]
+    if missing:
+        raise PredictError(f"{accuracy_log}: samples {missing[:5]} have no response (not a whole accuracy run)")
+    return [lengths[i] for i in range(num_samples)]
+
+
+def schedule_settings(cfg: RunConfig) -> dict:
+    """The run's LoadGen settings the schedule and verdict read: mlperf.conf's seeds, the user.conf's
+    counts, and the latency limits, as LoadGen itself loads them."""
+    from harness.run import loadgen_settings
+
+    settings = loadgen_settings(cfg)
+    return {
+        "schedule_rng_seed": settings.schedule_rng_seed,
+        "sample_index_rng_seed": settings.sample_index_rng_seed,
+        "min_duration_ms": settings.min_duration_ms,
+        "min_query_count": settings.min_query_count,
+        "limits_ms": (settings.ttft_latency / 1e6, settings.tpot_latency / 1e6),
+    }
+
+
+def commit(root: Path = REPO) -> str:
+    """The code's commit, `-dirty` where the working tree has changes (a saved model is then not reused
+    across them)."""
+    command = ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"]
+    done = subprocess.run(command, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else "unknown"
+
+
+def saved_costs_path(root: Path, cfg: RunConfig, settings: dict) -> Path:
+    key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return root / "build" / "predict" / cfg.system.name / cfg.benchmark.name / f"step-costs-{key}.json"
+
+
+def step_costs(engine, cfg: RunConfig, prompts, settings: dict, root: Path = REPO, log=print) -> StepCostModel:
+    """The saved model where it holds for this machine, commit and settings; else profiled now on
+    `engine` (idle)."""
+    context = machine_context(settings, commit(root))
+    path = saved_costs_path(root, cfg, settings)
+    if path.is_file():
+        saved = StepCostModel.load(path)
+        if saved.context == json.loads(json.dumps(context, default=str)):
+            log(f"step costs: reused {path}")
+            return saved
+    log(f"step costs: profiling the engine's steps for up to {PROFILE_S:.0f} s")
+    shapes, seconds = profile(engine, prompts, PROFILE_S)
+    model = fit(shapes, seconds, json.loads(json.dumps(context, default=str)))
+    model.save(path)
+    return model
+
+
+def simulated_engine(engine, costs: StepCostModel, max_tokens: int) -> Engine:
+    if not hasattr(engine, "runner"):
+        raise PredictError(f"{type(engine).__name__}: only a single engine is simulated so far (no replicas)")
+    return Engine(engine.config, engine.runner.num_blocks, costs, max_tokens)
+
+
+def predict(engine: Engine, workload: Workload, schedule: dict, start_qps: float = 1.0) -> Prediction:
+    """The capacity, and its band from the step-cost model's median error."""
+    qps, runs = capacity(engine, workload, schedule, schedule["limits_ms"], start_qps)
+    bounds = []
+    for scale in (1 + engine.costs.median_error, 1 - engine.costs.median_error):
+        scaled = Engine(engine.config, engine.num_blocks, engine.costs, engine.max_tokens, scale)
+        found, more = capacity(scaled, workload, schedule, schedule["limits_ms"], qps or start_qps)
+        bounds.append(found)
+        runs += more
+    return Prediction(qps, bounds[0], bounds[1], engine.costs, len(runs))
