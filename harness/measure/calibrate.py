@@ -81,6 +81,9 @@ class Calibration:
     trials: list[dict] = field(default_factory=list)  # rate, passed, what LoadGen measured
     search: str = ""  # the search's account
     predicted_qps: float | None = None  # the capacity the simulation predicted before the search (harness/predict)
+    # Where the search starts: the band's low end (every step costing the model's median error more),
+    # a rate the prediction expects to pass; a failed first trial at overload costs most.
+    predicted_start_qps: float | None = None
     predicted: str = ""  # the prediction's account: its band and step costs, or why there is none
     reason: str = ""  # why the scenario is left out, when target_qps is None
     margin: str = MARGIN
@@ -185,6 +188,7 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
         cal.predicted = f"none ({e})"
         return
     cal.predicted_qps = prediction.qps and loadgen_double(prediction.qps, 4)
+    cal.predicted_start_qps = (prediction.low or prediction.qps) and loadgen_double(prediction.low or prediction.qps, 4)
     cal.predicted = prediction.describe()
     print(f"calibrate {cfg.scenario}: predicted capacity {cal.predicted}", flush=True)
 
@@ -264,7 +268,7 @@ def main() -> None:
             log=lambda line: print(f"calibrate {args.scenario}: {line}", flush=True),
         )
         start = (
-            cal.predicted_qps
+            cal.predicted_start_qps
             or args.start_qps
             or float(conf_value(committed, loadgen_model, "Server", "target_qps") or 1.0)
         )

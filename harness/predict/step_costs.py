@@ -93,7 +93,7 @@ def profile(engine, prompts: list[list[int]], budget_s: float = 120.0) -> tuple[
         record(batch, took)
 
     engine.scheduler.record_step = recorded
-    params = SamplingParams(max_tokens=16, ignore_eos=True)
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
     start, next_prompt = time.perf_counter(), 0
 
     def take(n):
