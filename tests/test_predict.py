@@ -176,3 +176,21 @@ def test_the_predict_command_profiles_once_and_prints_the_capacity_with_its_band
     assert "fit error median" in first[-2]
     saved = json.loads(next((root / "build" / "predict").rglob("step-costs-*.json")).read_text())
     assert set(saved["context"]) >= {"machine", "commit", "settings"} and saved["steps"] >= 4
+
+
+def test_what_is_not_simulated_yet_is_refused_by_name():
+    """A replica pool or a speculating engine is not predicted as if it were a plain one."""
+    from types import SimpleNamespace
+
+    from harness.predict.predictor import PredictError, simulated_engine
+    from sut.config import EngineConfig
+    from sut.config.speculative import SpeculativeConfig
+
+    costs = constant_cost_engine(0.01).costs
+    with pytest.raises(PredictError, match="only a single engine"):
+        simulated_engine(SimpleNamespace(config=EngineConfig()), costs, 64)
+    speculating = SimpleNamespace(config=EngineConfig(speculative_config=SpeculativeConfig("ngram", 2)), runner=None)
+    with pytest.raises(PredictError, match="speculative decoding is not simulated"):
+        simulated_engine(speculating, costs, 64)
+    plain = simulated_engine(SimpleNamespace(config=EngineConfig(), runner=SimpleNamespace(num_blocks=99)), costs, 64)
+    assert plain.num_blocks == 99 and plain.max_tokens == 64

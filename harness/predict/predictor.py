@@ -94,8 +94,13 @@ def step_costs(engine, cfg: RunConfig, prompts, settings: dict, root: Path = REP
 
 
 def simulated_engine(engine, costs: StepCostModel, max_tokens: int) -> Engine:
+    """`engine`'s settings and KV pool with `costs`: PredictError for what is not simulated yet."""
     if not hasattr(engine, "runner"):
-        raise PredictError(f"{type(engine).__name__}: only a single engine is simulated so far (no replicas)")
+        raise PredictError(
+            f"{type(engine).__name__}: only a single engine is simulated so far (not replicas or disaggregated pools)"
+        )
+    if engine.config.speculative_config is not None:
+        raise PredictError("speculative decoding is not simulated yet (its drafts and their acceptance)")
     return Engine(engine.config, engine.runner.num_blocks, costs, max_tokens)
 
 
