@@ -1,8 +1,8 @@
 """Imports run one way (README, Layout): each package may import only the packages of ours listed
 for it, inside sut/ each layer only the layers below it, and inside harness/ the LoadGen run (its
-top) below the measurement (harness/measure/) below the `make submission` chain
-(harness/submission.py), which alone drives compliance's packager and checker; no module of ours
-imports itself back through others. Every .py under those packages is parsed, imports at any depth (inside
+top) below the prediction (harness/predict/) below the measurement (harness/measure/) below the
+`make submission` chain (harness/submission.py), which alone drives compliance's packager and
+checker; no module of ours imports itself back through others. Every .py under those packages is parsed, imports at any depth (inside
 functions too), `from x import`, and relative imports resolved against the file's package."""
 
 import ast
@@ -46,9 +46,10 @@ SUT_LAYERS = [
     ("tools", ["sut/tools", "sut/bench"]),
 ]
 # harness/'s jobs, lowest first, each file in the layer of its longest path below: the LoadGen run
-# (every file at harness/'s top that is not named below), the measurement that drives and reads the
-# runs, the chain that drives both and then packages and checks. The runs know nothing of how they
-# are measured; the measurement nothing of the chain.
+# (every file at harness/'s top that is not named below), the prediction that simulates them, the
+# measurement that drives and reads the runs (and asks the prediction first), the chain that drives
+# both and then packages and checks. The runs know nothing of how they are predicted or measured;
+# the prediction nothing of the measurement; the measurement nothing of the chain.
 HARNESS_LAYERS = [
     ("run", ["harness"]),
     ("predict", ["harness/predict"]),
