@@ -2,8 +2,9 @@
 for it, inside sut/ each layer only the layers below it, and inside harness/ the LoadGen run (its
 top) below the prediction (harness/predict/) below the measurement (harness/measure/) below the
 `make submission` chain (harness/submission.py), which alone drives compliance's packager and
-checker; no module of ours imports itself back through others. Every .py under those packages is parsed, imports at any depth (inside
-functions too), `from x import`, and relative imports resolved against the file's package."""
+checker; no module of ours imports itself back through others. Every .py under those packages is
+parsed, imports at any depth (inside functions too), `from x import`, and relative imports resolved
+against the file's package."""
 
 import ast
 import sys
