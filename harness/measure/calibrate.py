@@ -239,11 +239,11 @@ def main() -> None:
     ttft_limit, tpot_limit = cfg.benchmark.latency_limits_ms[args.scenario]
     try:
         cal = measure_floors(engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit)
+        print(f"calibrate {args.scenario}: {cal.floors()}", flush=True)
         if args.predict and not cal.reason:
             predict_capacity(cal, engine, cfg, dataset, args.root)
     finally:
         engine.close()
-    print(f"calibrate {args.scenario}: {cal.floors()}", flush=True)
     out = cfg.log_dir.parent / "calibration"
     out.mkdir(parents=True, exist_ok=True)
     loadgen_model = cfg.benchmark.loadgen_name(args.scenario)
