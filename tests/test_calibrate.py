@@ -14,6 +14,7 @@ import pytest
 from compliance.loadgen_logs import read_detail_log
 from harness.config import check_user_conf
 from harness.measure.calibrate import (
+    PREDICTED_GROW,
     RUN_SHARE,
     TRIALS,
     Calibration,
@@ -194,3 +195,6 @@ def test_with_predict_the_search_starts_at_the_predicted_capacity(chain, tmp_pat
     assert cal["predicted_qps"] > 1 and cal["trials"][0]["qps"] == cal["predicted_start_qps"] <= cal["predicted_qps"]
     assert "fit error median" in cal["predicted"] and "predicted capacity" in done.stdout
     assert f"predicted before the search: {cal['predicted']}" in cal["summary"]
+    if len(cal["trials"]) > 1:  # from a prediction the bracket steps by PREDICTED_GROW, not GROW
+        step = cal["trials"][1]["qps"] / cal["trials"][0]["qps"]
+        assert step == pytest.approx(PREDICTED_GROW if cal["trials"][0]["passed"] else 1 / PREDICTED_GROW, rel=1e-3)

@@ -3,7 +3,7 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
 2x and more for this work, and MLPerf scores the highest rate that meets the limits).
 
     python -m harness.measure.calibrate --system cpu-demo --benchmark llama3.1-8b --scenario Server \
-        [--start-qps R] [--budget-min M]
+        [--predict] [--start-qps R] [--budget-min M]
 
 1. Floors (in-process, no LoadGen): the time to first token of the dataset's longest prompt alone,
    and a decode step at batch 1. A scenario whose floors reach FLOOR_SHARE of its TTFT or TPOT
@@ -11,10 +11,11 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
 2. Capacity (harness/measure/capacity.py): the highest target_qps whose LoadGen run, on LoadGen's own
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
-   sound; from `--start-qps` (the chain gives a share of Offline's measured samples/s for Server,
-   half of Server's capacity for Interactive) or the committed target_qps, up or down by GROW, then
-   bisected to TOLERANCE, at most TRIALS runs, and none that would not fit `--budget-min` with the
-   scenario's runs after it.
+   sound. With `--predict` (the chain's) it starts at the low end of the capacity harness/predict
+   simulates for this engine and steps by PREDICTED_GROW; else from `--start-qps` (the chain gives a
+   share of Offline's measured samples/s for Server, half of Server's capacity for Interactive) or
+   the committed target_qps by GROW; up or down, then bisected to TOLERANCE, at most TRIALS runs,
+   and none that would not fit `--budget-min` with the scenario's runs after it.
 3. The runs take RUN_SHARE of the capacity found: run-to-run spread at a fixed rate (the tree's
    README and measurements/README.md give the numbers this share comes from).
 
@@ -58,6 +59,7 @@ from systems.schema import REPO
 
 FLOOR_SHARE = 0.6  # a floor above this share of a limit leaves no room for queueing
 GROW = 1.25  # the bracket's step up or down
+PREDICTED_GROW = 1.1  # from a predicted start: its error has been within that (measurements/README.md)
 TOLERANCE = 0.08  # the bracket's width at which the search stops (failed / passed - 1)
 TRIALS = 6  # LoadGen runs at most
 RUN_SHARE = 0.9  # of the capacity found: the rate the scenario's runs take
@@ -161,7 +163,8 @@ def find_capacity(
             f"a run at {qps:.3f} QPS and the runs after it would take {need / 60:.1f} min of the {left / 60:.1f} left"
         )
 
-    found = search_capacity(trials, start_qps, TOLERANCE, TRIALS, GROW, affordable=affordable)
+    grow = PREDICTED_GROW if cal.predicted_start_qps == start_qps else GROW
+    found = search_capacity(trials, start_qps, TOLERANCE, TRIALS, grow, affordable=affordable)
     cal.trials = [t.record(trials.folder) for t in found.trials]
     cal.search = found.summary()
     cal.capacity_qps, cal.failed_qps = found.passed_qps, found.failed_qps
