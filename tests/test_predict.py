@@ -154,7 +154,8 @@ def test_output_lengths_come_from_a_whole_accuracy_run(tmp_path):
 def test_the_predict_command_profiles_once_and_prints_the_capacity_with_its_band(chain):
     """`python -m harness.predict` on the tiny system: the step costs profiled on its engine and
     saved with the machine, commit and settings; the last line the predicted capacity within its
-    band; run again, the saved model is reused and the prediction is the same."""
+    band; run again with two scheduling ablations, the saved model is reused for all three and the
+    first configuration's prediction is the same."""
     import re
     import subprocess
     import sys
@@ -163,12 +164,19 @@ def test_the_predict_command_profiles_once_and_prints_the_capacity_with_its_band
 
     root = chain[0]
     command = [sys.executable, "-m", "harness.predict", "--system", "tiny", "--scenario", "Server", "--root", str(root)]
-    runs = [subprocess.run(command, capture_output=True, text=True, env=one_thread(), cwd=root) for _ in range(2)]
+    ablations = ["--configurations", '{"static_batching": true}', '{"enable_chunked_prefill": false}']
+    runs = [
+        subprocess.run(command + extra, capture_output=True, text=True, env=one_thread(), cwd=root)
+        for extra in ([], ablations)
+    ]
     for done in runs:
         assert done.returncode == 0, done.stderr[-2000:]
     first, second = (done.stdout.strip().splitlines() for done in runs)
     assert any("profiling the engine's steps" in line for line in first)
-    assert any("step costs: reused" in line for line in second)
+    # Configurations that differ in scheduling alone share the step-cost model.
+    assert sum("step costs: reused" in line for line in second) == 3
+    assert not any("profiling" in line for line in second)
+    assert any(line.startswith('Server {"static_batching": true}: ') for line in second)
     found = re.fullmatch(r"predicted capacity: ([\d.]+) QPS \(band ([\d.]+)-([\d.]+)\)", first[-1])
     assert found, first[-1]
     qps, low, high = map(float, found.groups())

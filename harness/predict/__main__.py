@@ -1,6 +1,7 @@
-"""python -m harness.predict --system S --benchmark B --scenario X [--engine JSON]: the predicted
-capacity of a configuration at its scenario's latency limits, with its band and the step-cost
-model's fit error; the last line `predicted capacity: Q QPS (band LO-HI)`."""
+"""python -m harness.predict --system S --benchmark B --scenario X [--engine JSON] [--configurations
+JSON ...]: the predicted capacity of each configuration (the system's settings with `--engine`, then
+each of `--configurations` over them) at its scenario's latency limits, with its band and the
+step-cost model's fit error; the last line `predicted capacity: Q QPS (band LO-HI)`, for the first."""
 
 import argparse
 import json
@@ -11,6 +12,7 @@ from accuracy.datasets.reader import DatasetError, load_dataset
 from harness.config import HarnessConfigError, RunConfig
 from harness.predict.predictor import (
     PredictError,
+    Prediction,
     output_lengths,
     predict,
     schedule_settings,
@@ -21,12 +23,39 @@ from harness.predict.simulate import Workload
 from systems.schema import REPO
 
 
+def predict_configuration(args, engine_overrides: dict | None) -> Prediction:
+    """One configuration's prediction: its engine built and profiled where no saved step-cost model
+    holds for it, then simulated."""
+    from sut import make_engine
+
+    cfg = RunConfig.resolve(
+        args.system, args.benchmark, args.scenario, "performance", args.root, engine=engine_overrides
+    )
+    dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
+    log = args.accuracy_log or cfg.log_dir.parent.parent / "Offline" / "accuracy" / "mlperf_log_accuracy.json"
+    workload = Workload(dataset.input_ids, output_lengths(log, len(dataset)))
+    schedule = schedule_settings(cfg)
+    limits = schedule["limits_ms"]
+    schedule["limits_ms"] = (args.ttft_ms or limits[0], args.tpot_ms or limits[1])
+    settings = cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
+    engine = make_engine(cfg.system.model_for(cfg.benchmark.name), **settings)
+    try:
+        costs = step_costs(engine, cfg, dataset.input_ids, settings, args.root)
+        simulated = simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance"))
+    finally:
+        engine.close()
+    return predict(simulated, workload, schedule)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--system", default="cpu-demo")
     parser.add_argument("--benchmark", default="llama3.1-8b")
     parser.add_argument("--scenario", default="Server", choices=["Server", "Interactive"])
     parser.add_argument("--engine", type=json.loads, help="engine settings over the system's, as `harness run` takes")
+    parser.add_argument(
+        "--configurations", type=json.loads, nargs="*", default=[], help="more configurations: settings over --engine's"
+    )
     parser.add_argument("--ttft-ms", type=float, help="TTFT limit instead of the scenario's")
     parser.add_argument("--tpot-ms", type=float, help="TPOT limit instead of the scenario's")
     parser.add_argument(
@@ -34,34 +63,23 @@ def main() -> None:
     )
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
-    from sut import SaafError, make_engine
+    from sut import SaafError
 
-    engine = None
-    try:
-        cfg = RunConfig.resolve(
-            args.system, args.benchmark, args.scenario, "performance", args.root, engine=args.engine
-        )
-        dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
-        log = args.accuracy_log or cfg.log_dir.parent.parent / "Offline" / "accuracy" / "mlperf_log_accuracy.json"
-        workload = Workload(dataset.input_ids, output_lengths(log, len(dataset)))
-        schedule = schedule_settings(cfg)
-        limits = schedule["limits_ms"]
-        schedule["limits_ms"] = (args.ttft_ms or limits[0], args.tpot_ms or limits[1])
-        settings = cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
-        engine = make_engine(cfg.system.model_for(cfg.benchmark.name), **settings)
-        costs = step_costs(engine, cfg, dataset.input_ids, settings, args.root)
-        simulated = simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance"))
-    except (HarnessConfigError, DatasetError, PredictError, SaafError) as e:
-        sys.exit(f"error: predict: {e}")
-    finally:
-        if engine is not None:
-            engine.close()
-    prediction = predict(simulated, workload, schedule)
-    ttft, tpot = schedule["limits_ms"]
-    print(f"{args.scenario} at TTFT {ttft:.0f} ms / TPOT {tpot:.0f} ms: {prediction.describe()}")
-    if prediction.qps is None:
+    predictions = []
+    for overrides in [{}, *args.configurations]:
+        if not isinstance(overrides, dict):
+            sys.exit(f"error: predict: --configurations: each is a JSON object of engine settings, got {overrides!r}")
+        merged = {**(args.engine or {}), **overrides} or None
+        try:
+            prediction = predict_configuration(args, merged)
+        except (HarnessConfigError, DatasetError, PredictError, SaafError) as e:
+            sys.exit(f"error: predict: {json.dumps(merged or {})}: {e}")
+        print(f"{args.scenario} {json.dumps(merged or {})}: {prediction.describe()}", flush=True)
+        predictions.append(prediction)
+    first = predictions[0]
+    if first.qps is None:
         sys.exit("predicted capacity: none (no rate meets the limits in simulation)")
-    print(f"predicted capacity: {prediction.qps:.3f} QPS (band {prediction.low or 0:.3f}-{prediction.high or 0:.3f})")
+    print(f"predicted capacity: {first.qps:.3f} QPS (band {first.low or 0:.3f}-{first.high or 0:.3f})")
 
 
 if __name__ == "__main__":

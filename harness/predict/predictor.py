@@ -14,6 +14,21 @@ from harness.predict.step_costs import StepCostModel, fit, machine_context, prof
 from systems.schema import REPO
 
 PROFILE_S = 90.0  # the profiling sweep's budget: a few minutes at most on 2 cores, warm-up included
+# Engine settings that decide which steps run, not what a step of a given shape costs: configurations
+# that differ only in these share one step-cost model (one profile serves a scheduling ablation).
+SCHEDULING_SETTINGS = {
+    "max_num_batched_tokens",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "static_batching",
+    "tpot_target_ms",
+    "tpot_cap_ms",
+    "ttft_patience_ms",
+    "enable_prefix_caching",
+    "num_kv_blocks",
+    "kv_cache_memory_gb",
+    "seed",
+}
 
 
 class PredictError(ValueError):
@@ -71,14 +86,20 @@ def commit(root: Path = REPO) -> str:
     return done.stdout.strip() if done.returncode == 0 else "unknown"
 
 
+def cost_settings(settings: dict) -> dict:
+    """The settings a step's cost depends on (all but SCHEDULING_SETTINGS)."""
+    return {k: v for k, v in settings.items() if k not in SCHEDULING_SETTINGS}
+
+
 def saved_costs_path(root: Path, cfg: RunConfig, settings: dict) -> Path:
     key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
     return root / "build" / "predict" / cfg.system.name / cfg.benchmark.name / f"step-costs-{key}.json"
 
 
 def step_costs(engine, cfg: RunConfig, prompts, settings: dict, root: Path = REPO, log=print) -> StepCostModel:
-    """The saved model where it holds for this machine, commit and settings; else profiled now on
-    `engine` (idle)."""
+    """The saved model where it holds for this machine, commit and the settings a step's cost depends
+    on; else profiled now on `engine` (idle)."""
+    settings = cost_settings(settings)
     context = machine_context(settings, commit(root))
     path = saved_costs_path(root, cfg, settings)
     if path.is_file():
