@@ -27,6 +27,7 @@ SCHEDULING_SETTINGS = {
     "enable_prefix_caching",
     "num_kv_blocks",
     "kv_cache_memory_gb",
+    "max_model_len",
     "seed",
 }
 
@@ -134,4 +135,7 @@ def predict(engine: Engine, workload: Workload, schedule: dict, start_qps: float
         found, more = capacity(scaled, workload, schedule, schedule["limits_ms"], qps or start_qps)
         bounds.append(found)
         runs += more
-    return Prediction(qps, bounds[0], bounds[1], engine.costs, len(runs))
+    low, high = bounds
+    if qps is not None:  # a bisection's noise near the knee must not put the band off its centre
+        low, high = min(low or qps, qps), max(high or qps, qps)
+    return Prediction(qps, low, high, engine.costs, len(runs))
