@@ -14,7 +14,8 @@ import pytest
 from compliance.loadgen_logs import read_detail_log
 from harness.config import check_user_conf
 from harness.measure.calibrate import (
-    PREDICTED_GROW,
+    GROW,
+    PREDICTED_GROW_MIN,
     RUN_SHARE,
     TRIALS,
     Calibration,
@@ -195,6 +196,12 @@ def test_with_predict_the_search_starts_at_the_predicted_capacity(chain, tmp_pat
     assert cal["predicted_qps"] > 1 and cal["trials"][0]["qps"] == cal["predicted_start_qps"] <= cal["predicted_qps"]
     assert "fit error median" in cal["predicted"] and "predicted capacity" in done.stdout
     assert f"predicted before the search: {cal['predicted']}" in cal["summary"]
-    if len(cal["trials"]) > 1:  # from a prediction the bracket steps by PREDICTED_GROW, not GROW
+    grow = cal["predicted_grow"]
+    assert PREDICTED_GROW_MIN <= grow <= GROW
+    assert grow == pytest.approx(
+        min(GROW, max(PREDICTED_GROW_MIN, 1 + 2 * float(cal["predicted"].split("median ")[1].split("%")[0]) / 100)),
+        abs=2e-3,
+    )
+    if len(cal["trials"]) > 1:  # from a prediction the bracket steps by predicted_grow, not GROW
         step = cal["trials"][1]["qps"] / cal["trials"][0]["qps"]
-        assert step == pytest.approx(PREDICTED_GROW if cal["trials"][0]["passed"] else 1 / PREDICTED_GROW, rel=1e-3)
+        assert step == pytest.approx(grow if cal["trials"][0]["passed"] else 1 / grow, rel=1e-3)

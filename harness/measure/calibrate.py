@@ -12,7 +12,7 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound. With `--predict` (the chain's) it starts at the low end of the capacity harness/predict
-   simulates for this engine and steps by PREDICTED_GROW; else from `--start-qps` (the chain gives a
+   simulates for this engine and steps by its `predicted_grow`; else from `--start-qps` (the chain gives a
    share of Offline's measured samples/s for Server, half of Server's capacity for Interactive) or
    the committed target_qps by GROW; up or down, then bisected to TOLERANCE, at most TRIALS runs,
    and none that would not fit `--budget-min` with the scenario's runs after it.
@@ -59,7 +59,10 @@ from systems.schema import REPO
 
 FLOOR_SHARE = 0.6  # a floor above this share of a limit leaves no room for queueing
 GROW = 1.25  # the bracket's step up or down
-PREDICTED_GROW = 1.1  # from a predicted start: its error has been within that (measurements/README.md)
+# From a predicted start the bracket steps by 1 + twice the step-cost fit's median error, at least
+# PREDICTED_GROW_MIN and at most GROW: a close prediction needs a small step (run AK spent a trial at
+# 1.25x a start that passed), a rough one (a busy machine while profiling) a larger one to get anywhere.
+PREDICTED_GROW_MIN = 1.1
 TOLERANCE = 0.08  # the bracket's width at which the search stops (failed / passed - 1)
 TRIALS = 6  # LoadGen runs at most
 RUN_SHARE = 0.9  # of the capacity found: the rate the scenario's runs take
@@ -86,6 +89,7 @@ class Calibration:
     # Where the search starts: the band's low end (every step costing the model's median error more),
     # a rate the prediction expects to pass; a failed first trial at overload costs most.
     predicted_start_qps: float | None = None
+    predicted_grow: float | None = None  # the bracket's step from that start
     predicted: str = ""  # the prediction's account: its band and step costs, or why there is none
     reason: str = ""  # why the scenario is left out, when target_qps is None
     margin: str = MARGIN
@@ -163,7 +167,7 @@ def find_capacity(
             f"a run at {qps:.3f} QPS and the runs after it would take {need / 60:.1f} min of the {left / 60:.1f} left"
         )
 
-    grow = PREDICTED_GROW if cal.predicted_start_qps == start_qps else GROW
+    grow = cal.predicted_grow if cal.predicted_grow and cal.predicted_start_qps == start_qps else GROW
     found = search_capacity(trials, start_qps, TOLERANCE, TRIALS, grow, affordable=affordable)
     cal.trials = [t.record(trials.folder) for t in found.trials]
     cal.search = found.summary()
@@ -192,6 +196,7 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
         return
     cal.predicted_qps = prediction.qps and loadgen_double(prediction.qps, 4)
     cal.predicted_start_qps = (prediction.low or prediction.qps) and loadgen_double(prediction.low or prediction.qps, 4)
+    cal.predicted_grow = round(min(GROW, max(PREDICTED_GROW_MIN, 1 + 2 * prediction.costs.median_error)), 3)
     cal.predicted = prediction.describe()
     print(f"calibrate {cfg.scenario}: predicted capacity {cal.predicted}", flush=True)
 
