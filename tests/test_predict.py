@@ -135,6 +135,7 @@ def test_the_fit_recovers_known_step_costs_and_keeps_every_term_non_negative():
         assert model.seconds_per[term] == pytest.approx(truth[term], rel=0.05)
     assert model.seconds_per["decode_token"] < 0.02 * truth["prefill_token"]
     assert model.median_error < 0.02 and model.steps == 300
+    assert model.profiled[0] == [*(shapes[0][t] for t in TERMS), seconds[0]]  # kept, to refit later
 
 
 def test_output_lengths_come_from_a_whole_accuracy_run(tmp_path):

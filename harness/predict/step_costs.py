@@ -73,7 +73,9 @@ def fit(shapes: list[dict[str, float]], seconds: list[float], context: dict | No
         per[TERMS[i]] = float(max(c, 0.0))
     predicted = x @ np.array([per[t] for t in TERMS])
     error = np.abs(predicted - y) / y
-    return StepCostModel(per, float(np.median(error)), float(np.percentile(error, 90)), len(y), dict(context or {}))
+    profiled = [[*row, t] for row, t in zip(x.tolist(), seconds)]
+    median, p90 = float(np.median(error)), float(np.percentile(error, 90))
+    return StepCostModel(per, median, p90, len(y), dict(context or {}), profiled)
 
 
 def profile(engine, prompts: list[list[int]], budget_s: float = 120.0) -> tuple[list[dict], list[float]]:
