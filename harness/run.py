@@ -392,7 +392,7 @@ def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
         "dataset": str(cfg.dataset),  # the packager's TEST07 command scores on it (compliance/test07.py)
         "dataset_samples": num_samples,
         "machine": machine_description(),
-        "commit": _commit(),
+        "commit": code_commit(),
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "busy_s": engine.busy_stats(),
     }
@@ -401,7 +401,8 @@ def write_run_record(cfg: RunConfig, engine, num_samples: int) -> None:
     (cfg.log_dir / RUN_RECORD).write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _commit() -> str:
+def code_commit() -> str:
+    """The repository's commit, `-dirty` where the working tree has changes; `unknown` without git."""
     try:
         done = subprocess.run(
             ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True, timeout=10

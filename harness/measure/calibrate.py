@@ -45,15 +45,7 @@ from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, search_capacity
 from harness.measure.estimates import predicted_minutes
-from harness.predict.predictor import (
-    PredictError,
-    output_lengths,
-    predict,
-    schedule_settings,
-    simulated_engine,
-    step_costs,
-)
-from harness.predict.simulate import Workload
+from harness.predict.predictor import PredictError, predict_engine
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -182,15 +174,9 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
     """Before the search, into `cal`: the capacity the engine's scheduler reaches in simulation
     (harness/predict) on step costs profiled on `engine`, the output lengths of the system's Offline
     accuracy run, and this run's LoadGen settings; or why there is none."""
-    log = cfg.log_dir.parent.parent / "Offline" / "accuracy" / "mlperf_log_accuracy.json"
     try:
-        workload = Workload(dataset.input_ids, output_lengths(log, len(dataset)))
-        settings = cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name)
         say = lambda line: print(f"calibrate {cfg.scenario}: {line}", flush=True)  # noqa: E731
-        costs = step_costs(engine, cfg, dataset.input_ids, settings, root, say)
-        prediction = predict(
-            simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance")), workload, schedule_settings(cfg)
-        )
+        prediction = predict_engine(engine, cfg, dataset, root, log=say)
     except PredictError as e:
         cal.predicted = f"none ({e})"
         return

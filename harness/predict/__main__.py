@@ -10,21 +10,12 @@ from pathlib import Path
 
 from accuracy.datasets.reader import DatasetError, load_dataset
 from harness.config import HarnessConfigError, RunConfig
-from harness.predict.predictor import (
-    PredictError,
-    Prediction,
-    output_lengths,
-    predict,
-    schedule_settings,
-    simulated_engine,
-    step_costs,
-)
-from harness.predict.simulate import Workload
+from harness.predict.predictor import PredictError, Prediction, predict_engine
 from systems.schema import REPO
 
 
 def predict_configuration(args, engine_overrides: dict | None) -> Prediction:
-    """One configuration's prediction: its engine built and profiled where no saved step-cost model
+    """One configuration's prediction: its engine built, and profiled where no saved step-cost model
     holds for it, then simulated."""
     from sut import make_engine
 
@@ -32,19 +23,13 @@ def predict_configuration(args, engine_overrides: dict | None) -> Prediction:
         args.system, args.benchmark, args.scenario, "performance", args.root, engine=engine_overrides
     )
     dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
-    log = args.accuracy_log or cfg.log_dir.parent.parent / "Offline" / "accuracy" / "mlperf_log_accuracy.json"
-    workload = Workload(dataset.input_ids, output_lengths(log, len(dataset)))
-    schedule = schedule_settings(cfg)
-    limits = schedule["limits_ms"]
-    schedule["limits_ms"] = (args.ttft_ms or limits[0], args.tpot_ms or limits[1])
-    settings = cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
-    engine = make_engine(cfg.system.model_for(cfg.benchmark.name), **settings)
+    engine = make_engine(
+        cfg.system.model_for(cfg.benchmark.name), **cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
+    )
     try:
-        costs = step_costs(engine, cfg, dataset.input_ids, settings, args.root)
-        simulated = simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance"))
+        return predict_engine(engine, cfg, dataset, args.root, args.accuracy_log, (args.ttft_ms, args.tpot_ms))
     finally:
         engine.close()
-    return predict(simulated, workload, schedule)
 
 
 def main() -> None:

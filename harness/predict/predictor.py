@@ -4,13 +4,14 @@ accuracy run's log) and its LoadGen settings (mlperf.conf and the user.conf), si
 
 import hashlib
 import json
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import RunConfig
 from harness.predict.simulate import Engine, Workload, capacity
 from harness.predict.step_costs import StepCostModel, fit, machine_context, profile
+from harness.run import code_commit
+from systems.paths import build_dir, run_logs
 from systems.schema import REPO
 
 PROFILE_S = 90.0  # the profiling sweep's budget: a few minutes at most on 2 cores, warm-up included
@@ -79,14 +80,6 @@ def schedule_settings(cfg: RunConfig) -> dict:
     }
 
 
-def commit(root: Path = REPO) -> str:
-    """The code's commit, `-dirty` where the working tree has changes (a saved model is then not reused
-    across them)."""
-    command = ["git", "-C", str(root), "describe", "--always", "--dirty", "--abbrev=12"]
-    done = subprocess.run(command, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else "unknown"
-
-
 def cost_settings(settings: dict) -> dict:
     """The settings a step's cost depends on (all but SCHEDULING_SETTINGS)."""
     return {k: v for k, v in settings.items() if k not in SCHEDULING_SETTINGS}
@@ -94,14 +87,14 @@ def cost_settings(settings: dict) -> dict:
 
 def saved_costs_path(root: Path, cfg: RunConfig, settings: dict) -> Path:
     key = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:12]
-    return root / "build" / "predict" / cfg.system.name / cfg.benchmark.name / f"step-costs-{key}.json"
+    return build_dir(root) / "predict" / cfg.system.name / cfg.benchmark.name / f"step-costs-{key}.json"
 
 
 def step_costs(engine, cfg: RunConfig, prompts, settings: dict, root: Path = REPO, log=print) -> StepCostModel:
     """The saved model where it holds for this machine, commit and the settings a step's cost depends
     on; else profiled now on `engine` (idle)."""
     settings = cost_settings(settings)
-    context = machine_context(settings, commit(root))
+    context = machine_context(settings, code_commit())
     path = saved_costs_path(root, cfg, settings)
     if path.is_file():
         saved = StepCostModel.load(path)
@@ -139,3 +132,28 @@ def predict(engine: Engine, workload: Workload, schedule: dict, start_qps: float
     if qps is not None:  # a bisection's noise near the knee must not put the band off its centre
         low, high = min(low or qps, qps), max(high or qps, qps)
     return Prediction(qps, low, high, engine.costs, len(runs))
+
+
+def predict_engine(
+    engine,
+    cfg: RunConfig,
+    dataset,
+    root: Path = REPO,
+    accuracy_log: Path | None = None,
+    limits_ms: tuple | None = None,
+    log=print,
+) -> Prediction:
+    """`engine`'s capacity at `cfg`'s scenario: its step costs (saved, or profiled on it), the output
+    lengths of `accuracy_log` (default: the system's Offline accuracy run), the run's LoadGen settings
+    with `limits_ms` (TTFT, TPOT; either None: the scenario's) over its latency limits."""
+    if accuracy_log is None:
+        accuracy_log = (
+            run_logs(root, cfg.system.name, cfg.benchmark.name, "Offline", "accuracy") / "mlperf_log_accuracy.json"
+        )
+    workload = Workload(dataset.input_ids, output_lengths(accuracy_log, len(dataset)))
+    schedule = schedule_settings(cfg)
+    if limits_ms is not None:
+        schedule["limits_ms"] = tuple(mine or theirs for mine, theirs in zip(limits_ms, schedule["limits_ms"]))
+    settings = cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name)
+    costs = step_costs(engine, cfg, dataset.input_ids, settings, root, log)
+    return predict(simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance")), workload, schedule)

@@ -5,8 +5,6 @@ DistServe and Vidur model a step, prefill and decode apart. Fitted by least squa
 error to real steps of the engine (`profile`), its fit error printed."""
 
 import json
-import os
-import platform
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -131,14 +129,8 @@ def profile(engine, prompts: list[list[int]], budget_s: float = 120.0) -> tuple[
 
 
 def machine_context(settings: dict, commit: str) -> dict:
-    """What a saved model holds for: this machine, the code, the engine settings."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"machine": f"{cpu}, {cores} cores", "commit": commit, "settings": settings, "terms": list(TERMS)}
+    """What a saved model holds for: this machine (its CPU, cores, SIMD flags and kernel level, and
+    GPUs), the code, the engine settings."""
+    from sut import machine_description
+
+    return {"machine": machine_description(), "commit": commit, "settings": settings, "terms": list(TERMS)}
