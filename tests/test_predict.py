@@ -59,14 +59,14 @@ def test_early_stopping_needs_the_fewest_queries_that_give_99_percent_confidence
     assert min_passing_queries(0) == 459  # 0.99^459 < 0.01 <= 0.99^458
 
 
-def constant_cost_engine(step_s: float, max_num_seqs: int = 1):
+def constant_cost_engine(step_s: float, max_num_seqs: int = 1, acceptance=None, **settings):
     from harness.predict.simulate import Engine
     from harness.predict.step_costs import StepCostModel
     from sut.config import EngineConfig
 
-    costs = StepCostModel({"step": step_s, "prefill_token": 0.0, "decode_token": 0.0, "attention": 0.0}, 0.0, 0.0, 1)
-    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, block_size=4)
-    return Engine(config, num_blocks=4096, costs=costs, max_tokens=64)
+    costs = StepCostModel({"step": step_s}, 0.0, 0.0, 1)
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=64, block_size=4, **settings)
+    return Engine(config, num_blocks=4096, costs=costs, max_tokens=64, acceptance=acceptance or [])
 
 
 @pytest.mark.parametrize("load", [0.3, 0.6])
@@ -116,7 +116,7 @@ def test_the_fit_recovers_known_step_costs_and_keeps_every_term_non_negative():
     from harness.predict.step_costs import TERMS, fit
 
     rng = random.Random(0)
-    truth = {"step": 0.004, "prefill_token": 0.0003, "decode_token": 0.0, "attention": 2e-7}
+    truth = {"step": 0.004, "prefill_token": 0.0003, "decode_token": 0.0, "draft_token": 0.0005, "attention": 2e-7}
     shapes = []
     for _ in range(300):
         prefill, decode = rng.choice([0, rng.randint(1, 512)]), rng.randint(0, 64)
@@ -125,13 +125,14 @@ def test_the_fit_recovers_known_step_costs_and_keeps_every_term_non_negative():
                 "step": 1.0,
                 "prefill_token": prefill,
                 "decode_token": decode,
+                "draft_token": rng.choice([0, decode // 2]),
                 "attention": (prefill + decode) * rng.randint(1, 400),
             }
         )
     seconds = [sum(truth[t] * s[t] for t in TERMS) * rng.uniform(0.98, 1.02) for s in shapes]
     model = fit(shapes, seconds)
     assert all(v >= 0 for v in model.seconds_per.values())
-    for term in ("step", "prefill_token", "attention"):
+    for term in ("step", "prefill_token", "draft_token", "attention"):
         assert model.seconds_per[term] == pytest.approx(truth[term], rel=0.05)
     assert model.seconds_per["decode_token"] < 0.02 * truth["prefill_token"]
     assert model.median_error < 0.02 and model.steps == 300
@@ -187,19 +188,117 @@ def test_the_predict_command_profiles_once_and_prints_the_capacity_with_its_band
     assert set(saved["context"]) >= {"machine", "commit", "settings"} and saved["steps"] >= 4
 
 
-def test_what_is_not_simulated_yet_is_refused_by_name():
-    """A replica pool or a speculating engine is not predicted as if it were a plain one."""
+@pytest.mark.slow
+def test_replicas_disaggregated_workers_and_speculation_are_profiled_where_they_run(chain):
+    """Each layout's workers profile their own engines in their processes (at once), a
+    disaggregated pool's handoff is measured, a speculating engine's acceptance is measured on the
+    dataset; each gets a capacity."""
+    import copy
+
+    from harness.predict.predictor import predict_configuration
+
+    root = chain[0]
+    layouts = {
+        "replicas": {"data_parallel_size": 2},
+        "disaggregated": {"disaggregation": {"prefill": 1, "decode": 1}},
+        "n-gram": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+    }
+    for name, settings in layouts.items():
+        prediction = predict_configuration("tiny", "llama3.1-8b", "Server", root, copy.deepcopy(settings), log=print)
+        assert prediction.qps and prediction.qps > 0, name
+        costs = prediction.costs
+        assert costs.steps >= 4 and costs.median_error < 1.0, name
+        assert (costs.transfer_s_per_block > 0) == (name == "disaggregated"), name
+        assert bool(costs.acceptance) == (name == "n-gram"), name
+        assert all(0.0 <= a <= 1.0 for a in costs.acceptance)
+
+
+def test_two_replicas_share_the_load_by_outstanding_work():
+    """Two replicas at twice the rate: each serves about half the queries, and a query waits no
+    longer than on one replica at the single rate (the pool routes to the less loaded one)."""
+    from harness.predict.simulate import Layout, Workload, latencies_ns, run
+
+    step_s, n, load = 0.010, 4000, 0.6
+    one = constant_cost_engine(step_s)
+    times, _ = server_schedule(load / step_s, RUN["schedule_rng_seed"], 0, n)
+    alone, _ = latencies_ns(run(one, [t / 1e9 for t in times], [0] * n, Workload([[5, 6, 7]], [1])))
+    times, _ = server_schedule(2 * load / step_s, RUN["schedule_rng_seed"], 0, n)
+    stretches = []
+    pooled = run(Layout([one, one]), [t / 1e9 for t in times], [0] * n, Workload([[5, 6, 7]], [1]), stretches)
+    ttft, _ = latencies_ns(pooled)
+    assert sum(ttft) <= sum(alone)
+    # Two steps at once: the in-flight average exceeds what one replica could hold at this load.
+    span = sum(seconds for seconds, _ in stretches)
+    assert sum(seconds * count for seconds, count in stretches) / span > load
+
+
+def test_a_disaggregated_query_pays_its_prefill_its_handoff_and_its_decodes():
+    """One query alone through a prefill worker and a decode worker: its first token after the
+    prefill step, then the handoff (per KV block of its prompt), then a decode step per token."""
+    from harness.predict.simulate import Layout, Workload, run
+
+    step_s, handoff = 0.010, 0.002
+    prompt, tokens = [7] * 10, 5  # 3 blocks of 4
+    layout = Layout([constant_cost_engine(step_s)], [constant_cost_engine(step_s)], handoff)
+    [(arrival, _, first, end, emitted)] = run(layout, [1.0], [0], Workload([prompt], [tokens]))
+    assert first - arrival == pytest.approx(step_s)
+    assert end - first == pytest.approx(3 * handoff + (tokens - 1) * step_s)
+    assert emitted == tokens
+
+
+@pytest.mark.parametrize("acceptance, steps", [([1.0, 1.0], 4), ([0.0, 0.0], 12)])
+def test_speculation_emits_the_accepted_drafts_and_one_token_per_verification(acceptance, steps):
+    """k = 2 drafts: all accepted, 3 tokens per decode step; none, one; a 13-token answer after its
+    first token takes 12 / 3 or 12 steps. Its length is the answer's either way (the verifier is exact)."""
+    from harness.predict.simulate import Workload, run
+    from sut.config.speculative import SpeculativeConfig
+
+    engine = constant_cost_engine(0.01, acceptance=acceptance, speculative_config=SpeculativeConfig("ngram", 2))
+    [(arrival, _, first, end, emitted)] = run(engine, [0.0], [0], Workload([[5, 6, 7, 8]], [13]))
+    assert emitted == 13 and end - first == pytest.approx(steps * 0.01)
+
+
+def test_speculation_accepts_at_the_measured_rate():
+    """One draft accepted with probability 0.6: 1.6 tokens per verification on average."""
+    from harness.predict.simulate import Workload, run
+    from sut.config.speculative import SpeculativeConfig
+
+    engine = constant_cost_engine(0.01, 8, [0.6], speculative_config=SpeculativeConfig("ngram", 1))
+    queries = run(engine, [0.0] * 8, list(range(8)), Workload([[5, 6, 7, i] for i in range(8)], [61] * 8))
+    # 8 at once, each decoding at every step: its steps after the first token, one verification each
+    verifications = sum(round((end - first) / 0.01) for _, _, first, end, _ in queries)
+    assert 8 * 60 / verifications == pytest.approx(1.6, rel=0.05)
+
+
+def test_acceptance_by_position_is_conditional_on_the_drafts_before():
+    from sut.engine.profile import acceptance_by_position
+
+    stats = {"num_proposals": 10, "acceptance_by_position": [0.8, 0.4, 0.0]}
+    assert acceptance_by_position(stats) == pytest.approx([0.8, 0.5, 0.0])
+    assert acceptance_by_position(None) == [] and acceptance_by_position({"num_proposals": 0}) == []
+
+
+def test_every_layout_is_simulated_with_its_workers_settings():
+    """One engine, replicas (each its own KV pool), disaggregated workers (the prefill side without
+    speculation); something else is refused by name."""
     from types import SimpleNamespace
 
-    from harness.predict.predictor import PredictError, simulated_engine
+    from harness.predict.predictor import PredictError, simulated_layout
     from sut.config import EngineConfig
     from sut.config.speculative import SpeculativeConfig
 
     costs = constant_cost_engine(0.01).costs
-    with pytest.raises(PredictError, match="only a single engine"):
-        simulated_engine(SimpleNamespace(config=EngineConfig()), costs, 64)
-    speculating = SimpleNamespace(config=EngineConfig(speculative_config=SpeculativeConfig("ngram", 2)), runner=None)
-    with pytest.raises(PredictError, match="speculative decoding is not simulated"):
-        simulated_engine(speculating, costs, 64)
-    plain = simulated_engine(SimpleNamespace(config=EngineConfig(), runner=SimpleNamespace(num_blocks=99)), costs, 64)
-    assert plain.num_blocks == 99 and plain.max_tokens == 64
+    costs.acceptance, costs.transfer_s_per_block = [0.7], 0.003
+    plain = simulated_layout(SimpleNamespace(config=EngineConfig(), runner=SimpleNamespace(num_blocks=99)), costs, 64)
+    assert [e.num_blocks for e in plain.workers] == [99] and plain.workers[0].max_tokens == 64
+    replicas = simulated_layout(SimpleNamespace(config=EngineConfig(data_parallel_size=2), num_blocks=[5, 6]), costs, 9)
+    assert [e.num_blocks for e in replicas.workers] == [5, 6] and not replicas.decode
+    assert all(e.config.data_parallel_size == 1 for e in replicas.workers)
+    spec = SpeculativeConfig("ngram", 2)
+    split = EngineConfig(disaggregation={"prefill": 1, "decode": 2}, speculative_config=spec)
+    pools = simulated_layout(SimpleNamespace(config=split, num_blocks=[4, 5, 6], num_prefill=1), costs, 9)
+    assert [e.num_blocks for e in pools.workers] == [4] and [e.num_blocks for e in pools.decode] == [5, 6]
+    assert pools.workers[0].config.speculative_config is None and pools.decode[0].acceptance == [0.7]
+    assert pools.transfer_s_per_block == 0.003
+    with pytest.raises(PredictError, match="not an engine"):
+        simulated_layout(SimpleNamespace(config=EngineConfig()), costs, 64)

@@ -8,28 +8,10 @@ import json
 import sys
 from pathlib import Path
 
-from accuracy.datasets.reader import DatasetError, load_dataset
-from harness.config import HarnessConfigError, RunConfig
-from harness.predict.predictor import PredictError, Prediction, predict_engine
+from accuracy.datasets.reader import DatasetError
+from harness.config import HarnessConfigError
+from harness.predict.predictor import PredictError, predict_configuration
 from systems.schema import REPO
-
-
-def predict_configuration(args, engine_overrides: dict | None) -> Prediction:
-    """One configuration's prediction: its engine built, and profiled where no saved step-cost model
-    holds for it, then simulated."""
-    from sut import make_engine
-
-    cfg = RunConfig.resolve(
-        args.system, args.benchmark, args.scenario, "performance", args.root, engine=engine_overrides
-    )
-    dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
-    engine = make_engine(
-        cfg.system.model_for(cfg.benchmark.name), **cfg.system.engine_settings(args.scenario, cfg.benchmark.name)
-    )
-    try:
-        return predict_engine(engine, cfg, dataset, args.root, args.accuracy_log, (args.ttft_ms, args.tpot_ms))
-    finally:
-        engine.close()
 
 
 def main() -> None:
@@ -56,7 +38,15 @@ def main() -> None:
             sys.exit(f"error: predict: --configurations: each is a JSON object of engine settings, got {overrides!r}")
         merged = {**(args.engine or {}), **overrides} or None
         try:
-            prediction = predict_configuration(args, merged)
+            prediction = predict_configuration(
+                args.system,
+                args.benchmark,
+                args.scenario,
+                args.root,
+                merged,
+                args.accuracy_log,
+                (args.ttft_ms, args.tpot_ms),
+            )
         except (HarnessConfigError, DatasetError, PredictError, SaafError) as e:
             sys.exit(f"error: predict: {json.dumps(merged or {})}: {e}")
         print(f"{args.scenario} {json.dumps(merged or {})}: {prediction.describe()}", flush=True)

@@ -2,19 +2,23 @@
 saved one that holds for this machine, commit and settings), its samples' output lengths (an
 accuracy run's log) and its LoadGen settings (mlperf.conf and the user.conf), simulated."""
 
+import dataclasses
 import hashlib
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 from harness.config import RunConfig
-from harness.predict.simulate import Engine, Workload, capacity
-from harness.predict.step_costs import StepCostModel, fit, machine_context, profile
+from harness.predict.simulate import Engine, Layout, Workload, capacity
+from harness.predict.step_costs import StepCostModel, fit, machine_context
 from harness.run import code_commit
+from sut.engine.profile import profile_steps
 from systems.paths import build_dir, run_logs
 from systems.schema import REPO
 
 PROFILE_S = 90.0  # the profiling sweep's budget: a few minutes at most on 2 cores, warm-up included
+TRANSFER_REQUESTS = 8  # a disaggregated pool's handoffs measured
 # Engine settings that decide which steps run, not what a step of a given shape costs: configurations
 # that differ only in these share one step-cost model (one profile serves a scheduling ablation).
 SCHEDULING_SETTINGS = {
@@ -90,48 +94,87 @@ def saved_costs_path(root: Path, cfg: RunConfig, settings: dict) -> Path:
     return build_dir(root) / "predict" / cfg.system.name / cfg.benchmark.name / f"step-costs-{key}.json"
 
 
-def step_costs(engine, cfg: RunConfig, prompts, settings: dict, root: Path = REPO, log=print) -> StepCostModel:
+def step_costs(
+    engine, cfg: RunConfig, prompts, settings: dict, root: Path = REPO, log=print, profile_s: float = PROFILE_S
+) -> StepCostModel:
     """The saved model where it holds for this machine, commit and the settings a step's cost depends
-    on; else profiled now on `engine` (idle)."""
+    on; else profiled now on `engine` (idle): every worker of a pool at once, each on its own cores."""
     settings = cost_settings(settings)
-    context = machine_context(settings, code_commit())
+    context = json.loads(json.dumps(machine_context(settings, code_commit()), default=str))
     path = saved_costs_path(root, cfg, settings)
     if path.is_file():
         saved = StepCostModel.load(path)
-        if saved.context == json.loads(json.dumps(context, default=str)):
+        if saved.context == context:
             log(f"step costs: reused {path}")
             return saved
-    log(f"step costs: profiling the engine's steps for up to {PROFILE_S:.0f} s")
-    shapes, seconds = profile(engine, prompts, PROFILE_S)
-    model = fit(shapes, seconds, json.loads(json.dumps(context, default=str)))
+    log(f"step costs: profiling the engine's steps for up to {profile_s:.0f} s")
+    if hasattr(engine, "runner"):
+        profiles = [profile_steps(engine, prompts, profile_s)]
+    else:
+        profiles = engine.profile_steps(prompts, profile_s)
+    model = fit(
+        [shape for p in profiles for shape in p["shapes"]], [t for p in profiles for t in p["seconds"]], context
+    )
+    model.acceptance = next((p["acceptance"] for p in profiles if p["acceptance"]), [])
+    if hasattr(engine, "transfer_stats"):
+        model.transfer_s_per_block = transfer_seconds_per_block(engine, prompts)
     model.save(path)
     return model
 
 
-def simulated_engine(engine, costs: StepCostModel, max_tokens: int) -> Engine:
-    """`engine`'s settings and KV pool with `costs`: PredictError for what is not simulated yet."""
-    if not hasattr(engine, "runner"):
-        raise PredictError(
-            f"{type(engine).__name__}: only a single engine is simulated so far (not replicas or disaggregated pools)"
-        )
-    if engine.config.speculative_config is not None:
-        raise PredictError("speculative decoding is not simulated yet (its drafts and their acceptance)")
-    return Engine(engine.config, engine.runner.num_blocks, costs, max_tokens)
+def transfer_seconds_per_block(pool, prompts) -> float:
+    """A disaggregated pool's handoff, from the first token on a prefill worker to admission on a
+    decode worker (the KV blocks' transfer and the messages), per block moved: the median over
+    TRANSFER_REQUESTS requests sent one at a time, so that no queue adds to it."""
+    from sut import SamplingParams
+
+    chosen = prompts[:TRANSFER_REQUESTS]
+    for prompt in chosen:
+        pool.add_request(prompt, SamplingParams(max_tokens=4, ignore_eos=True))
+        while pool.has_unfinished():
+            pool.step()
+    handoffs = [w["handoff_p50_ms"] for w in pool.transfer_stats()["decode"] if w["handoff_p50_ms"] is not None]
+    pool.reset()
+    if not handoffs:
+        raise PredictError("the disaggregated pool handed no request over: no transfer to measure")
+    blocks = statistics.mean(-(-len(p) // pool.config.block_size) for p in chosen)
+    return statistics.median(handoffs) / 1e3 / blocks
 
 
-def predict(engine: Engine, workload: Workload, schedule: dict, start_qps: float = 1.0) -> Prediction:
+def simulated_layout(engine, costs: StepCostModel, max_tokens: int) -> Layout:
+    """`engine`'s workers (one engine, its replicas, or its prefill and decode workers) with their
+    settings and KV pools, each costing what `costs` says."""
+    if hasattr(engine, "runner"):
+        return Layout([Engine(engine.config, engine.runner.num_blocks, costs, max_tokens, acceptance=costs.acceptance)])
+    if not hasattr(engine, "num_blocks"):
+        raise PredictError(f"{type(engine).__name__}: not an engine, replica pool or disaggregated pool")
+    split = engine.config.disaggregation
+    if split is None:
+        config = dataclasses.replace(engine.config, data_parallel_size=1)
+        return Layout([Engine(config, n, costs, max_tokens, acceptance=costs.acceptance) for n in engine.num_blocks])
+    prefill = dataclasses.replace(engine.config, disaggregation=None, speculative_config=None)
+    decode = dataclasses.replace(engine.config, disaggregation=None)
+    p = engine.num_prefill
+    return Layout(
+        [Engine(prefill, n, costs, max_tokens) for n in engine.num_blocks[:p]],
+        [Engine(decode, n, costs, max_tokens, acceptance=costs.acceptance) for n in engine.num_blocks[p:]],
+        costs.transfer_s_per_block,
+    )
+
+
+def predict(layout: Layout, workload: Workload, schedule: dict, start_qps: float = 1.0) -> Prediction:
     """The capacity, and its band from the step-cost model's median error."""
-    qps, runs = capacity(engine, workload, schedule, schedule["limits_ms"], start_qps)
+    qps, runs = capacity(layout, workload, schedule, schedule["limits_ms"], start_qps)
+    costs = layout.workers[0].costs
     bounds = []
-    for scale in (1 + engine.costs.median_error, 1 - engine.costs.median_error):
-        scaled = Engine(engine.config, engine.num_blocks, engine.costs, engine.max_tokens, scale)
-        found, more = capacity(scaled, workload, schedule, schedule["limits_ms"], qps or start_qps)
+    for scale in (1 + costs.median_error, 1 - costs.median_error):
+        found, more = capacity(layout.scaled(scale), workload, schedule, schedule["limits_ms"], qps or start_qps)
         bounds.append(found)
         runs += more
     low, high = bounds
     if qps is not None:  # a bisection's noise near the knee must not put the band off its centre
         low, high = min(low or qps, qps), max(high or qps, qps)
-    return Prediction(qps, low, high, engine.costs, len(runs))
+    return Prediction(qps, low, high, costs, len(runs))
 
 
 def predict_engine(
@@ -142,18 +185,55 @@ def predict_engine(
     accuracy_log: Path | None = None,
     limits_ms: tuple | None = None,
     log=print,
+    trials: dict | None = None,
+    profile_s: float = PROFILE_S,
 ) -> Prediction:
-    """`engine`'s capacity at `cfg`'s scenario: its step costs (saved, or profiled on it), the output
-    lengths of `accuracy_log` (default: the system's Offline accuracy run), the run's LoadGen settings
-    with `limits_ms` (TTFT, TPOT; either None: the scenario's) over its latency limits."""
+    """`engine`'s capacity at `cfg`'s scenario: its step costs (saved, or profiled on it for up to
+    `profile_s`), the output lengths of `accuracy_log` (default: the system's Offline accuracy run),
+    the run's LoadGen settings with `limits_ms` (TTFT, TPOT; either None: the scenario's) over its
+    latency limits. `trials`: the report's short trials instead of the scenario's runs, {"seconds",
+    "min_queries", "samples"}: `seconds` of arrivals, at least `min_queries` and at most `samples`
+    queries (the first `samples` of the dataset, which the accuracy log covers), judged by their
+    p99s alone (harness/measure/ablation.py `trial_queries`)."""
     if accuracy_log is None:
         accuracy_log = (
             run_logs(root, cfg.system.name, cfg.benchmark.name, "Offline", "accuracy") / "mlperf_log_accuracy.json"
         )
-    workload = Workload(dataset.input_ids, output_lengths(accuracy_log, len(dataset)))
+    prompts = dataset.input_ids[: trials["samples"]] if trials else dataset.input_ids
+    workload = Workload(prompts, output_lengths(accuracy_log, len(prompts)))
     schedule = schedule_settings(cfg)
     if limits_ms is not None:
         schedule["limits_ms"] = tuple(mine or theirs for mine, theirs in zip(limits_ms, schedule["limits_ms"]))
+    if trials:
+        seconds, least, most = trials["seconds"], trials["min_queries"], trials["samples"]
+        schedule["queries_at"] = lambda qps: min(most, max(least, round(qps * seconds)))
+        schedule["percentiles_only"] = True
     settings = cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name)
-    costs = step_costs(engine, cfg, dataset.input_ids, settings, root, log)
-    return predict(simulated_engine(engine, costs, cfg.benchmark.max_tokens("performance")), workload, schedule)
+    costs = step_costs(engine, cfg, dataset.input_ids, settings, root, log, profile_s)
+    return predict(simulated_layout(engine, costs, cfg.benchmark.max_tokens("performance")), workload, schedule)
+
+
+def predict_configuration(
+    system: str,
+    benchmark: str,
+    scenario: str,
+    root: Path = REPO,
+    engine_settings: dict | None = None,
+    accuracy_log: Path | None = None,
+    limits_ms: tuple | None = None,
+    log=print,
+    **options,
+) -> Prediction:
+    """One configuration's prediction: the system's `scenario` engine with `engine_settings` over it,
+    built here, profiled where no saved step-cost model holds for it, then simulated
+    (predict_engine, which takes `options`)."""
+    from accuracy.datasets.reader import load_dataset
+    from sut import make_engine
+
+    cfg = RunConfig.resolve(system, benchmark, scenario, "performance", root, engine=engine_settings)
+    dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
+    engine = make_engine(cfg.system.model_for(benchmark), **cfg.system.engine_settings(scenario, benchmark))
+    try:
+        return predict_engine(engine, cfg, dataset, root, accuracy_log, limits_ms, log, **options)
+    finally:
+        engine.close()

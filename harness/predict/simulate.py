@@ -1,24 +1,39 @@
 """A LoadGen Server (or Interactive) run in virtual time: the engine's own Scheduler, BlockManager
 and policies (the TPOT guard, static or continuous batching, chunked prefill, preemption, prefix
-caching) step on a VirtualClock that each step moves by what the step-cost model says it costs;
-queries arrive on LoadGen's own schedule (loadgen_schedule.py) and each emits as many tokens as the
-model produces for its sample (an accuracy run's log), then the run is judged by LoadGen's rules
-(verdict.py). The step loop is the engine's (sut/engine/llm_engine.py `step`) without a forward."""
+caching, the slots speculation reserves) step on a virtual clock, each step lasting what the
+step-cost model says it costs; queries arrive on LoadGen's own schedule (loadgen_schedule.py) and
+each emits as many tokens as the model produces for its sample (an accuracy run's log), then the run
+is judged by LoadGen's rules (verdict.py). The step loop is the engine's (sut/engine/llm_engine.py
+`step`) without a forward.
 
+A layout is one engine, data-parallel replicas (each request to the replica with the least
+outstanding prompt + max_tokens, as sut/engine/replicas.py routes), or disaggregated prefill and
+decode workers (to the prefill worker with the fewest prompt tokens queued and the decode worker
+with the most free blocks less those on their way, the prompt's blocks moved in what the measured
+transfer costs, admitted in the order handed when blocks and a running slot allow, as
+sut/engine/disaggregated.py does). Every worker steps on its own: the run is a sequence of events
+(an arrival, a step's end, a transfer's arrival) in time order. A speculating worker's drafts are
+accepted position by position at the rates measured on the dataset (the output, and so its
+length, is the same as without: the verifier is exact)."""
+
+import heapq
+import math
 import random
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 from harness.predict.loadgen_schedule import server_schedule
-from harness.predict.step_costs import StepCostModel, step_shape
+from harness.predict.step_costs import StepCostModel
 from harness.predict.verdict import server_result
-from sut.clock import VirtualClock
 from sut.config import EngineConfig
 from sut.engine.block_manager import BlockManager
+from sut.engine.profile import step_terms
 from sut.engine.scheduler import Scheduler
 from sut.sampling_params import SamplingParams
 from sut.sequence import Sequence
 
 EOS, TOKEN = 0, 1  # what a simulated sequence emits: TOKEN until its sample's length, then EOS
+DRAW_SEED = 0  # the acceptance draws': the same run twice is the same run
 
 
 @dataclass
@@ -42,50 +57,169 @@ class Engine:
     costs: StepCostModel
     max_tokens: int  # the benchmark's cap on an answer
     cost_scale: float = 1.0  # the band: the model's costs scaled by its error
+    # Speculation: position j's draft is accepted with this probability when those before it were.
+    acceptance: list[float] = field(default_factory=list)
 
 
-def run(engine: Engine, arrivals_s: list[float], samples: list[int], workload: Workload, in_flight=None) -> list:
-    """Each query's (arrival, admission to the scheduler at a step's start, first token, completion)
-    seconds and its output tokens, in arrival order.
-    `in_flight`: a list to which each stretch of virtual time is appended as (seconds, requests in
-    the scheduler then)."""
-    clock = VirtualClock()
-    config = engine.config
-    blocks = BlockManager(engine.num_blocks, config.block_size, config.enable_prefix_caching)
-    scheduler = Scheduler(config, blocks, (EOS,))
-    params = SamplingParams(max_tokens=engine.max_tokens)
-    seqs, wanted, admitted, done, next_query = [], {}, [], {}, 0
-    while next_query < len(arrivals_s) or scheduler.has_unfinished():
-        while next_query < len(arrivals_s) and arrivals_s[next_query] <= clock.now():
-            i, at = samples[next_query], arrivals_s[next_query]
-            seqs.append(Sequence(next_query, workload.prompts[i], params, engine.max_tokens, arrival_time=at))
-            wanted[next_query] = min(workload.output_lengths[i], engine.max_tokens)
-            scheduler.add(seqs[-1])
-            admitted.append(clock.now())
-            next_query += 1
-        finished = scheduler.end_batch()
-        batch = scheduler.schedule(clock.now())
-        before, count = clock.now(), len(scheduler.running) + len(scheduler.waiting)
+@dataclass
+class Layout:
+    """The engines a run spreads over: replicas, or with `decode` the prefill workers."""
+
+    workers: list[Engine]
+    decode: list[Engine] = field(default_factory=list)  # disaggregated: the decode workers
+    transfer_s_per_block: float = 0.0  # a prompt's KV blocks, prefill worker to decode worker
+
+    def scaled(self, scale: float) -> "Layout":
+        def each(engines):
+            return [Engine(e.config, e.num_blocks, e.costs, e.max_tokens, scale, e.acceptance) for e in engines]
+
+        return Layout(each(self.workers), each(self.decode), self.transfer_s_per_block * scale)
+
+
+class Worker:
+    """One engine's scheduler on the virtual clock: a step starts (`start`) and, at `ends`, its
+    tokens are emitted (`finish`)."""
+
+    def __init__(self, engine: Engine, draws: random.Random):
+        config = engine.config
+        self.engine, self.draws = engine, draws
+        self.blocks = BlockManager(engine.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.blocks, (EOS,))
+        self.speculates = config.speculative_config is not None and bool(engine.acceptance)
+        self.batch, self.ends = None, math.inf
+        self.wanted: dict = {}  # request id -> tokens its answer has
+        self.incoming: deque = deque()  # disaggregated decode side: arrived, not yet admitted
+
+    def busy(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self.incoming)
+
+    def admit_incoming(self, now: float) -> None:
+        """A decode worker's: arrived requests in the order handed, while slots and blocks allow."""
+        while self.incoming and len(self.scheduler.running) < self.engine.config.max_num_seqs:
+            seq = self.incoming[0]
+            if not self.blocks.allocate(seq, len(seq.prompt_token_ids)):
+                return
+            self.incoming.popleft()
+            seq.num_computed_tokens = len(seq.prompt_token_ids)
+            seq.first_token_time = now  # this engine's clock, for its TPOT guard
+            self.scheduler.admit_prefilled(seq)
+
+    def start(self, now: float) -> list[Sequence]:
+        """The next step, if there is one to run; returns the sequences a static batch's end finished."""
+        finished = self.scheduler.end_batch()
+        self.admit_incoming(now)
+        if self.speculates:
+            for seq, k in zip(*self.scheduler.reserve_drafts()):
+                seq.spec_token_ids = [TOKEN] * k
+        batch = self.scheduler.schedule(now)
         if batch:
-            cost = engine.costs.seconds(step_shape(batch), engine.cost_scale)
-            clock.advance(cost)
-            scheduler.record_step(batch, cost)
-            emitted = [
-                [EOS if len(s.output_token_ids) + 1 >= wanted[s.request_id] else TOKEN] for s in batch.sampling_seqs
-            ]
-            finished += scheduler.update_from_output(batch, emitted, clock.now())
-        elif not finished:
-            if next_query == len(arrivals_s):
+            cost = self.engine.costs.seconds(step_terms(batch), self.engine.cost_scale)
+            self.scheduler.record_step(batch, cost)
+            self.batch, self.ends = batch, now + cost
+        return finished
+
+    def finish(self) -> list[Sequence]:
+        batch, now = self.batch, self.ends
+        self.batch, self.ends = None, math.inf
+        return self.scheduler.update_from_output(batch, [self.emitted(s) for s in batch.sampling_seqs], now)
+
+    def emitted(self, seq: Sequence) -> list[int]:
+        """Its accepted drafts and the target's token: EOS where its answer ends."""
+        count = 1
+        for rate in self.engine.acceptance[: len(seq.spec_token_ids)]:
+            if self.draws.random() >= rate:
+                break
+            count += 1
+        have, wanted = len(seq.output_token_ids), self.wanted[seq.request_id]
+        return [EOS if have + i + 1 >= wanted else TOKEN for i in range(count)]
+
+
+def run(layout: Layout | Engine, arrivals_s: list[float], samples: list[int], workload: Workload, in_flight=None):
+    """Each query's (arrival, admission to a scheduler, first token, completion) seconds and its
+    output tokens, in arrival order.
+    `in_flight`: a list to which each stretch of virtual time is appended as (seconds, requests in
+    the schedulers then)."""
+    layout = layout if isinstance(layout, Layout) else Layout([layout])
+    draws = random.Random(DRAW_SEED)
+    front = [Worker(e, draws) for e in layout.workers]
+    back = [Worker(e, draws) for e in layout.decode]
+    outstanding = [0] * len(front)  # replicas: prompt + max_tokens in flight; prefill workers: prompt tokens
+    claimed = [0] * len(back)  # blocks on their way to each decode worker
+    transfers: list = []  # heap of (arrival, order, decode worker, sequence)
+    queries: dict[int, list] = {}  # id -> [arrival, admitted, first token, end, tokens]
+    where: dict[int, int] = {}  # id -> its front worker
+    next_query, now, last, count = 0, 0.0, 0.0, 0
+
+    def arrive(q: int) -> None:
+        i, at = samples[q], arrivals_s[q]
+        prompt, wanted = workload.prompts[i], min(workload.output_lengths[i], layout.workers[0].max_tokens)
+        max_tokens = layout.workers[0].max_tokens
+        if back:
+            f = min(range(len(front)), key=outstanding.__getitem__)
+            outstanding[f] += len(prompt)
+            wanted_here = 1  # the prefill worker's answer ends at its first token
+        else:
+            f = min(range(len(front)), key=outstanding.__getitem__)
+            outstanding[f] += len(prompt) + max_tokens
+            wanted_here = wanted
+        seq = Sequence(q, prompt, SamplingParams(max_tokens=max_tokens), max_tokens, arrival_time=at)
+        front[f].wanted[q] = wanted_here
+        front[f].scheduler.add(seq)
+        where[q] = f
+        queries[q] = [at, now, None, None, 0, wanted]
+
+    def done(worker: Worker, seqs: list[Sequence]) -> None:
+        nonlocal count
+        for seq in seqs:
+            q = seq.request_id
+            record = queries[q]
+            if record[2] is None:
+                record[2] = seq.first_token_time
+            if worker in front:
+                prompt = len(seq.prompt_token_ids)
+                outstanding[where[q]] -= prompt + (0 if back else seq.max_tokens)
+            if worker in front and back and record[5] > 1:  # on to a decode worker
+                blocks = -(-len(seq.prompt_token_ids) // worker.engine.config.block_size)
+                d = max(range(len(back)), key=lambda i: back[i].blocks.num_free_blocks - claimed[i])
+                claimed[d] += blocks
+                handed = Sequence(q, seq.prompt_token_ids, seq.params, seq.max_tokens, arrival_time=seq.arrival_time)
+                handed.output_token_ids.append(TOKEN)
+                back[d].wanted[q] = record[5]
+                heapq.heappush(transfers, (now + blocks * layout.transfer_s_per_block, q, d, handed, blocks))
+                continue
+            record[3], record[4] = now, len(seq.output_token_ids)
+            count -= 1
+
+    while True:
+        t_arrival = arrivals_s[next_query] if next_query < len(arrivals_s) else math.inf
+        t_transfer = transfers[0][0] if transfers else math.inf
+        t_step = min((w.ends for w in front + back), default=math.inf)
+        now = min(t_arrival, t_transfer, t_step)
+        if now == math.inf:
+            if any(w.busy() for w in front + back):
                 raise RuntimeError("the simulated scheduler holds requests it never schedules (a KV pool too small?)")
-            clock.advance_to(arrivals_s[next_query])
-        if in_flight is not None and clock.now() > before:
-            in_flight.append((clock.now() - before, count))
-        for s in finished:
-            done[s.request_id] = clock.now()
-    return [
-        (s.arrival_time, at, s.first_token_time, done[s.request_id], len(s.output_token_ids))
-        for s, at in zip(seqs, admitted)
-    ]
+            break
+        if in_flight is not None and now > last:
+            in_flight.append((now - last, count))
+        last = now
+        if t_arrival == now:  # every query due by now, before any step starts
+            while next_query < len(arrivals_s) and arrivals_s[next_query] <= now:
+                arrive(next_query)
+                next_query += 1
+                count += 1
+        elif t_transfer == now:
+            while transfers and transfers[0][0] <= now:
+                _, _, d, handed, blocks = heapq.heappop(transfers)
+                claimed[d] -= blocks
+                back[d].incoming.append(handed)
+        else:
+            for w in front + back:
+                if w.ends == now:
+                    done(w, w.finish())
+        for w in front + back:
+            if w.batch is None and w.busy():
+                done(w, w.start(now))
+    return [tuple(queries[q][:5]) for q in range(len(arrivals_s))]
 
 
 def latencies_ns(queries) -> tuple[list[int], list[int]]:
@@ -97,24 +231,29 @@ def latencies_ns(queries) -> tuple[list[int], list[int]]:
     return ttft, tpot
 
 
-def server_run(engine: Engine, workload: Workload, target_qps: float, schedule: dict, limits_ms: tuple) -> dict:
+def server_run(layout, workload: Workload, target_qps: float, schedule: dict, limits_ms: tuple) -> dict:
     """A simulated run at `target_qps` as LoadGen's detail log would have it. `schedule`: the run's
-    schedule_rng_seed, sample_index_rng_seed, min_duration_ms and min_query_count."""
-    times_ns, _ = server_schedule(
-        target_qps, schedule["schedule_rng_seed"], schedule["min_duration_ms"], schedule["min_query_count"]
-    )
+    schedule_rng_seed, sample_index_rng_seed, min_duration_ms and min_query_count (or
+    `queries_at`, a function of the rate: the report's trials), and `percentiles_only` where a
+    run is judged by its p99s alone (the report's short trials), not by early stopping."""
+    queries_at = schedule.get("queries_at")
+    count = queries_at(target_qps) if queries_at else schedule["min_query_count"]
+    duration = 0 if queries_at else schedule["min_duration_ms"]
+    times_ns, _ = server_schedule(target_qps, schedule["schedule_rng_seed"], duration, count)
     # Which sample each query carries: LoadGen's draw is not reproduced (its sample order goes
     # through libstdc++'s shuffle); a uniform draw on its seed stands for it.
     rng = random.Random(schedule["sample_index_rng_seed"])
     samples = [rng.randrange(len(workload.prompts)) for _ in times_ns]
-    queries = run(engine, [t / 1e9 for t in times_ns], samples, workload)
+    queries = run(layout, [t / 1e9 for t in times_ns], samples, workload)
     ttft, tpot = latencies_ns(queries)
     result = server_result(ttft, tpot, int(limits_ms[0] * 1e6), int(limits_ms[1] * 1e6))
+    if schedule.get("percentiles_only"):
+        result["result_validity"] = "VALID" if result["result_perf_constraints_met"] else "INVALID"
     return {"effective_target_qps": target_qps, **result}
 
 
 def capacity(
-    engine: Engine,
+    layout,
     workload: Workload,
     schedule: dict,
     limits_ms: tuple,
@@ -126,7 +265,7 @@ def capacity(
     runs = []
 
     def valid(qps):
-        runs.append(server_run(engine, workload, qps, schedule, limits_ms))
+        runs.append(server_run(layout, workload, qps, schedule, limits_ms))
         return runs[-1]["result_validity"] == "VALID"
 
     low, high = None, None

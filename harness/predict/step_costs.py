@@ -1,30 +1,24 @@
-"""What an engine step costs on this machine, as a sum of terms a reader can check: a fixed cost
-per step (the weights read once), per prompt token computed (a GEMM row), per decoding token (a row
-of the decode kernels, a draft counting as one) and per (new token, cached token) pair attended, as
-DistServe and Vidur model a step, prefill and decode apart. Fitted by least squares on relative
-error to real steps of the engine (`profile`), its fit error printed."""
+"""What an engine step costs on this machine, as a sum of terms a reader can check (sut/engine/profile.py
+TERMS: per step, prompt token, decoding token, draft token proposed and (new token, cached token)
+pair attended), as DistServe and Vidur model a step, prefill and decode apart. Fitted by least
+squares on relative error to real steps of the engine (sut/engine/profile.py `profile_steps`), its
+fit error printed."""
 
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-TERMS = ("step", "prefill_token", "decode_token", "attention")
-UNITS = {"step": "step", "prefill_token": "prompt token", "decode_token": "decode token", "attention": "pair"}
+from sut.engine.profile import TERMS
 
-
-def step_shape(batch) -> dict[str, float]:
-    """The terms of a ScheduledBatch, before the scheduler updates its sequences: each row computes
-    `n` tokens after `c` already cached, attending to c + 1 .. c + n tokens."""
-    rows = list(zip(batch.seqs, batch.num_new_tokens, batch.is_prefill))
-    return {
-        "step": 1.0,
-        "prefill_token": float(sum(n for _, n, prefill in rows if prefill)),
-        "decode_token": float(sum(n for _, n, prefill in rows if not prefill)),
-        "attention": sum(n * (s.num_computed_tokens + (n + 1) / 2) for s, n, _ in rows),
-    }
+UNITS = {
+    "step": "step",
+    "prefill_token": "prompt token",
+    "decode_token": "decode token",
+    "draft_token": "draft token",
+    "attention": "pair",
+}
 
 
 @dataclass
@@ -35,12 +29,20 @@ class StepCostModel:
     steps: int  # how many it was fitted on
     context: dict = field(default_factory=dict)  # machine, commit, settings: what it holds for
     profiled: list = field(default_factory=list)  # the steps it was fitted on: TERMS' values, then seconds
+    # Speculation's, measured on the profile's prompts: position j's draft accepted when those before it were.
+    acceptance: list = field(default_factory=list)
+    transfer_s_per_block: float = 0.0  # a disaggregated pool's handoff, prefill to decode worker, per KV block
 
     def seconds(self, shape: dict[str, float], scale: float = 1.0) -> float:
-        return scale * sum(self.seconds_per[t] * shape[t] for t in TERMS)
+        return scale * sum(self.seconds_per.get(t, 0.0) * shape.get(t, 0.0) for t in TERMS)
 
     def describe(self) -> str:
-        terms = ", ".join(f"{self.seconds_per[t] * 1e6:.4g} us/{UNITS[t]}" for t in TERMS)
+        shown = [t for t in TERMS if self.seconds_per.get(t) or t != "draft_token"]
+        terms = ", ".join(f"{self.seconds_per[t] * 1e6:.4g} us/{UNITS[t]}" for t in shown)
+        if self.acceptance:
+            terms += ", drafts accepted " + "/".join(f"{a:.2f}" for a in self.acceptance)
+        if self.transfer_s_per_block:
+            terms += f", handoff {self.transfer_s_per_block * 1e3:.3g} ms/block"
         return f"{terms}; fit error median {self.median_error:.1%}, p90 {self.p90_error:.1%} over {self.steps} steps"
 
     def save(self, path: Path) -> None:
@@ -74,58 +76,6 @@ def fit(shapes: list[dict[str, float]], seconds: list[float], context: dict | No
     profiled = [[*row, t] for row, t in zip(x.tolist(), seconds)]
     median, p90 = float(np.median(error)), float(np.percentile(error, 90))
     return StepCostModel(per, median, p90, len(y), dict(context or {}), profiled)
-
-
-def profile(engine, prompts: list[list[int]], budget_s: float = 120.0) -> tuple[list[dict], list[float]]:
-    """Real steps of `engine` (idle; warmed up here first) and what each cost: groups of the dataset's prompts
-    submitted together at batch sizes 1, 2, 4, .. max_num_seqs (prefill chunks, then decodes at that
-    batch as contexts grow), then prompts arriving one per step beside running decodes (mixed
-    steps), until `budget_s` is spent. The engine is reset after."""
-    from sut import SamplingParams
-
-    engine.warmup()
-    shapes, seconds = [], []
-    record = engine.scheduler.record_step
-
-    def recorded(batch, took):
-        shapes.append(step_shape(batch))
-        seconds.append(took)
-        record(batch, took)
-
-    engine.scheduler.record_step = recorded
-    params = SamplingParams(max_tokens=48, ignore_eos=True)
-    start, next_prompt = time.perf_counter(), 0
-
-    def take(n):
-        nonlocal next_prompt
-        chosen = [prompts[(next_prompt + i) % len(prompts)] for i in range(n)]
-        next_prompt += n
-        return chosen
-
-    batch_sizes, b = [], 1
-    while b < engine.config.max_num_seqs:
-        batch_sizes.append(b)
-        b *= 2
-    batch_sizes.append(engine.config.max_num_seqs)
-    try:
-        for b in batch_sizes:
-            if time.perf_counter() - start > budget_s / 2 and b > 1:
-                break
-            for p in take(b):
-                engine.add_request(p, params)
-            while engine.has_unfinished():
-                engine.step()
-        staggered = take(min(engine.config.max_num_seqs, 32))
-        while (staggered or engine.has_unfinished()) and time.perf_counter() - start < budget_s:
-            if staggered:
-                engine.add_request(staggered.pop(), params)
-            engine.step()
-        while engine.has_unfinished():
-            engine.step()
-    finally:
-        engine.scheduler.record_step = record
-    engine.reset()
-    return shapes, seconds
 
 
 def machine_context(settings: dict, commit: str) -> dict:

@@ -27,6 +27,7 @@ from sut.config import EngineConfig
 from sut.config.resolved import ResolvedConfig
 from sut.engine.llm_engine import LLMEngine
 from sut.engine.processes import WorkerGroup
+from sut.engine.profile import profile_steps
 from sut.engine.requests import load_tokenizer, make_sequence
 from sut.engine.resolve import for_replica, resolve
 from sut.errors import InvalidRequestError, SaafError, WorkerError
@@ -124,7 +125,10 @@ class ReplicaServer:
             self.engine.abort(args[0])
         elif kind == "call":  # a method the pool calls on every replica (warmup, the stats): its own or the engine's
             method = getattr(self, args[0], None) or getattr(self.engine, args[0])
-            self.outbox.put(("reply", self.index, method()))
+            self.outbox.put(("reply", self.index, method(*args[1:])))
+
+    def profile_steps(self, prompts: list[list[int]], budget_s: float) -> dict:
+        return profile_steps(self.engine, prompts, budget_s)
 
     def poll(self) -> None:
         """Before each step, and while idle: what a worker attends to besides its engine."""
@@ -337,13 +341,18 @@ class ReplicaPool:
             RequestOutput(rid, seq.prompt_token_ids, [], None, "error", error) for rid, (_, _, _, seq) in live.items()
         ]
 
-    def _call_all(self, method: str, workers: range | None = None) -> list:
-        """Engine method `method` (no arguments) run on every replica (of `workers`) at once: their
+    def _call_all(self, method: str, workers: range | None = None, args: tuple = ()) -> list:
+        """Engine method `method` run with `args` on every replica (of `workers`) at once: their
         results in order."""
         workers = workers or range(self.num_replicas)
         for i in workers:
-            self._inboxes[i].put(("call", method))
+            self._inboxes[i].put(("call", method, *args))
         return [self._wait_for("reply", i) for i in workers]
+
+    def profile_steps(self, prompts: list[list[int]], budget_s: float) -> list[dict]:
+        """Every worker's steps profiled at once, each in its process on its cores (sut/engine/profile.py),
+        in worker order."""
+        return self._call_all("profile_steps", args=(prompts, budget_s))
 
     def warmup(self) -> float:
         """Every replica's warm-up, at once; the seconds of the slowest."""
