@@ -30,6 +30,7 @@ from harness.loadgen_sut import EngineSUT, Interrupted, construct_qsl
 from systems.schema import REPO
 
 MAX_ERRORS_SHOWN = 10
+STEPS_FILE = "steps.json"  # beside LoadGen's logs: the engine's steps (write_steps)
 
 
 class RunFailed(RuntimeError):
@@ -90,6 +91,15 @@ def run(cfg: RunConfig, engine=None) -> str:
         raise RunFailed(summary, f"{failures}; the run is marked failed in {cfg.log_dir}")
     folder.complete(summary)
     return summary
+
+
+def write_steps(path: Path, steps: list) -> None:
+    """The run's engine steps, each its terms (sut/engine/profile.py TERMS) and seconds: what
+    harness/predict checks its step-cost model against (a real run's steps against the profile's)."""
+    from sut.engine.profile import TERMS
+
+    rows = [[*(round(terms[t], 3) for t in TERMS), round(seconds, 7)] for terms, seconds in steps]
+    path.write_text(json.dumps({"columns": [*TERMS, "seconds"], "steps": rows}, separators=(",", ":")) + "\n")
 
 
 def loadgen_settings(cfg: RunConfig) -> lg.TestSettings:
@@ -279,6 +289,9 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
     qsl = construct_qsl(len(dataset), performance_count)
     # LoadGen applies an audit config over both conf files; a path nobody has means no audit.
     audit_config = str(AUDIT_CONFIGS[cfg.mode] if cfg.mode in AUDIT_CONFIGS else cfg.log_dir / "no-audit.config")
+    scheduler = getattr(engine, "scheduler", None)  # one engine's (a pool's steps are in its processes)
+    if scheduler is not None:
+        scheduler.step_log = []
     try:
         sut.run_test(qsl, settings, log_settings, audit_config)
     finally:
@@ -292,6 +305,9 @@ def _run(cfg: RunConfig, engine, dataset, settings: lg.TestSettings, folder: Run
         print(f"failed request: ... and {len(sut.errors) - MAX_ERRORS_SHOWN} more")
     failures = f"{len(sut.errors)} of {sut.issued} requests failed (the first: {sut.errors[0]})" if sut.errors else None
     write_run_record(cfg, engine, len(dataset))
+    if scheduler is not None:
+        write_steps(cfg.log_dir / STEPS_FILE, scheduler.step_log)
+        scheduler.step_log = None
     spec = engine.spec_stats()
     speculation = ""
     if spec is not None:  # beside LoadGen's logs; the packager names the proposer in the sw_notes

@@ -213,6 +213,49 @@ def test_replicas_disaggregated_workers_and_speculation_are_profiled_where_they_
         assert all(0.0 <= a <= 1.0 for a in costs.acceptance)
 
 
+def test_a_trial_whose_steps_cost_twice_the_model_re_anchors_the_prediction(tmp_path):
+    """A run's steps.json against the step-cost model: real over modelled seconds; a failed trial
+    whose steps cost twice the model's hints the capacity simulated at twice the costs: in virtual
+    time that is the run at half the rate with every time doubled, so half the capacity found at
+    half the latency limits."""
+    from harness.measure.calibrate import ReanchoredTrials
+    from harness.measure.capacity import Trial
+    from harness.predict.predictor import Prediction
+    from harness.predict.simulate import Layout, Workload, capacity
+    from harness.predict.step_costs import steps_ratio
+    from harness.run import STEPS_FILE, write_steps
+
+    engine = constant_cost_engine(0.010)
+    workload = Workload([[5, 6, 7]], [1])
+    schedule = {"schedule_rng_seed": RUN["schedule_rng_seed"], "sample_index_rng_seed": 1}
+    schedule |= {"min_duration_ms": 0, "min_query_count": 2000, "limits_ms": (40.0, 100.0)}
+    qps, _ = capacity(Layout([engine]), workload, schedule, schedule["limits_ms"], 10.0)
+    prediction = Prediction(qps, qps, qps, engine.costs, 1, (Layout([engine]), workload, schedule))
+    halved, _ = capacity(Layout([engine]), workload, schedule, (20.0, 50.0), 10.0)
+    logs = tmp_path / "01-run"
+    logs.mkdir()
+    shape = {"step": 1.0, "prefill_token": 3.0, "decode_token": 0.0, "draft_token": 0.0, "attention": 6.0}
+    write_steps(logs / STEPS_FILE, [(shape, 0.020)] * 50)
+    assert steps_ratio(logs / STEPS_FILE, engine.costs) == pytest.approx(2.0)
+    assert steps_ratio(tmp_path / "none.json", engine.costs) is None
+
+    said = []
+    trials = SimpleTrials(lambda q: Trial(q, False, "LoadGen INVALID", logs=logs), said.append)
+    trial = ReanchoredTrials(trials, prediction)(qps)
+    assert trial.hint_qps == pytest.approx(halved / 2, rel=0.03) and trial.hint_qps < qps / 2
+    assert "its steps cost 2.00x the step-cost model's" in trial.detail and said
+
+
+class SimpleTrials:
+    """A search's trials in a test: `run(qps)` gives each Trial; `log` takes the search's lines."""
+
+    def __init__(self, run, log):
+        self.run, self.log = run, log
+
+    def __call__(self, qps):
+        return self.run(qps)
+
+
 def test_two_replicas_share_the_load_by_outstanding_work():
     """Two replicas at twice the rate: each serves about half the queries, and a query waits no
     longer than on one replica at the single rate (the pool routes to the less loaded one)."""

@@ -175,6 +175,7 @@ def report_run(tiny_llama, tmp_path_factory):
                 "proposers": [{"method": "ngram", "num_speculative_tokens": 2}],
                 "layouts": [{"name": "disaggregated", "engine": {"disaggregation": {"prefill": 1, "decode": 1}}}],
                 "price_per_hour": PRICE,
+                "profile_s": 5,
             },
         },
     }
@@ -383,12 +384,26 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
             assert row[3].endswith(f"({offline['result_tokens_per_second'] / base[1]:.2f}x)")
             assert row[10].endswith(f"({per_output / base[2]:.2f}x)")
             assert row[12].startswith(("wins: ", "LOSES: ", "undecided: "))
+        # The prediction beside the measurement: the capacity the simulation found, its band and the
+        # measured capacity against it; the verdict says what the prediction says, as a prediction.
+        predicted = json.loads((folder / "capacity.json").read_text())["predicted"]
+        assert predicted["qps"] > 0 and predicted["low"] <= predicted["qps"] <= predicted["high"], predicted
+        assert row[13].startswith(f"{predicted['qps']:.3f} ({predicted['low']:.3f}-{predicted['high']:.3f}")
+        if capacity:
+            assert row[13].endswith(f"measured {capacity / predicted['qps'] - 1:+.0%})")
+        if config["builds_on"]:
+            assert "; predicted: it " in row[12]
     assert len(unmeasured) < len(labels), f"no configuration passed a trial: {unmeasured}"
     # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
     assert all(r == responses_by_config[0] for r in responses_by_config)
     assert all(row[11].endswith("(+0.00%)") for row in headline[1:])
     md = (out / "report.md").read_text()
     assert "| " + " | ".join(headline[1]) + " |" in md  # the same tables in the Markdown
+    # The page opens with the capacity chart and a line per configuration; the method comes last.
+    assert md.index("![capacity](capacity.png)") < md.index("## Conditions") < md.index("## How each figure")
+    assert md.rstrip().endswith(json.loads((out / "report.json").read_text())["method"].rstrip())
+    for label in labels[1:]:
+        assert f"- **{label}**: " in md
     assert "TTFT 2000 ms, TPOT 100 ms" in md and "1.5 per hour" in md
 
 
@@ -537,7 +552,8 @@ def test_headless_chromium_renders_the_page_with_every_image(report_run):
     body = re.search(r"<body([^>]*)>", done.stdout).group(1)
     total = int(re.search(r'data-images-total="(\d+)"', body).group(1))
     loaded = int(re.search(r'data-images-loaded="(\d+)"', body).group(1))
-    assert total == loaded == 4
+    assert total == loaded == 5  # the capacity chart at the top, then the four plots
+    assert done.stdout.index('alt="capacity"') < done.stdout.index('id="headline"')
     assert 'id="headline"' in done.stdout and "static batching" in done.stdout
 
 

@@ -77,6 +77,7 @@ DEFAULTS = {
     "numerics": [],
     "layouts": [],
     "capacity_spread": 0.0,
+    "profile_s": 45,  # each configuration's step-cost profile for its prediction (harness/predict), at most
 }
 NUMERICS_FOLDER = "05-numerics-"  # a numerics option's configuration: its arithmetic is not fp32's
 START_SHARE = 0.7  # of the Offline run's samples/s: the search's first rate
@@ -164,7 +165,7 @@ def report_settings(system: System, benchmark: str) -> dict:
     spread = settings["capacity_spread"]
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or spread < 0:
         raise HarnessConfigError(f"{where}.capacity_spread must be a fraction >= 0, got {spread!r}")
-    for key in ("budget_min", "price_per_hour"):
+    for key in ("budget_min", "price_per_hour", "profile_s"):
         value = settings.get(key, 1)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise HarnessConfigError(f"{where}.{key} must be a positive number, got {value!r}")
@@ -446,6 +447,58 @@ def low_load_trial(search: CapacitySearch, start_qps: float, trial, affordable) 
     return affordable(low_qps) or trial(low_qps)
 
 
+def predicted_capacity(
+    system: str,
+    benchmark: str,
+    root: Path,
+    config: Config,
+    targets: tuple,
+    samples: int,
+    profile_s: float,
+    folder: Path,
+    runs_dir: Path,
+    log=print,
+) -> dict:
+    """The configuration's capacity as harness/predict simulates the report's trials (their query
+    counts, judged by the p99s alone, at `targets`) on its engine's step costs, profiled afresh for
+    this report (in the runs folder, shared by the configurations whose steps cost the same) after its
+    LoadGen runs, with its Offline run's output lengths; or why there is none. Made after the
+    measurement, with nothing from it but the output lengths (which the exact verifier and fp32 keep
+    the same), so that the two can be compared."""
+    from harness.predict.predictor import PredictError, predict_configuration
+    from sut import SaafError
+
+    start = time.monotonic()
+    try:
+        prediction = predict_configuration(
+            system,
+            benchmark,
+            SCENARIO,
+            root,
+            config.engine,
+            folder / "offline" / "mlperf_log_accuracy.json",
+            targets,
+            log=lambda line: log(f"report:   {config.label}: predict: {line}"),
+            user_conf=runs_dir / "predict.conf",
+            trials={"seconds": TRIAL_SECONDS, "min_queries": MIN_TRIAL_QUERIES, "samples": samples},
+            profile_s=profile_s,
+            costs_dir=runs_dir / "step-costs",
+        )
+    except (PredictError, HarnessConfigError, SaafError) as e:
+        log(f"report:   {config.label}: no prediction: {e}")
+        return {"qps": None, "why_not": str(e)}
+    seconds = time.monotonic() - start
+    log(f"report:   {config.label}: predicted {prediction.describe()} in {seconds:.0f} s")
+    return {
+        "qps": prediction.qps,
+        "low": prediction.low,
+        "high": prediction.high,
+        "fit_median_error": prediction.costs.median_error,
+        "account": prediction.describe(),
+        "seconds": round(seconds, 1),
+    }
+
+
 def samples_from(
     system: System, benchmark: str, traffic: Path | None, runs_dir: Path, plan: dict
 ) -> tuple[Dataset, list[float] | None]:
@@ -507,6 +560,8 @@ def run_configurations(
         (runs_dir / ARRIVALS).write_text(json.dumps(arrivals[:samples]) + "\n")
     configs = select(configurations(system, benchmark, max(map(len, dataset.input_ids)), scenario), only)
     (runs_dir / "offline.conf").write_text(offline_conf(bench.loadgen_name("Offline"), samples))
+    # The predictions' LoadGen settings: mlperf.conf's seeds (the trials' counts are set per rate).
+    (runs_dir / "predict.conf").write_text("# harness.measure.ablation: the predictions' (mlperf.conf's seeds)\n")
     for config in configs:
         RunConfig.resolve(
             system_name, benchmark, "Offline", "performance", root, runs_dir / "offline.conf", config.engine
@@ -593,6 +648,12 @@ def run_configurations(
         if isinstance(low, str):
             log(f"report:   {config.label}: no low-load trial: {low}")
         record = search_record(search, start_qps, runs_dir, low)
+        if traffic is None:
+            record["predicted"] = predicted_capacity(
+                system_name, benchmark, root, config, targets, samples, report["profile_s"], folder, runs_dir, log
+            )
+        else:
+            record["predicted"] = {"qps": None, "why_not": "on a user's traffic the capacity is not predicted yet"}
         (folder / "capacity.json").write_text(json.dumps(record, indent=2) + "\n")
     log(f"report: {len(configs)} configurations in {(clock() - start) / 60:.1f} min")
     return configs

@@ -12,7 +12,9 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound. With `--predict` (the chain's) it starts at the low end of the capacity harness/predict
-   simulates for this engine and steps by its `predicted_grow`; else from `--start-qps` (the chain gives a
+   simulates for this engine and steps by its `predicted_grow`, and a failed trial sends it down to
+   the capacity simulated again with the step costs that trial's own steps measured (ReanchoredTrials:
+   a shared machine's speed moves by tens of percent within the hour); else from `--start-qps` (the chain gives a
    share of Offline's measured samples/s for Server, half of Server's capacity for Interactive) or
    the committed target_qps by GROW; up or down, then bisected to TOLERANCE, at most TRIALS runs,
    and none that would not fit `--budget-min` with the scenario's runs after it.
@@ -43,9 +45,11 @@ from pathlib import Path
 from accuracy.datasets.reader import DatasetError, load_dataset
 from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
-from harness.measure.capacity import CapacityError, LoadGenTrials, search_capacity
+from harness.measure.capacity import CapacityError, LoadGenTrials, Trial, search_capacity
 from harness.measure.estimates import predicted_minutes
-from harness.predict.predictor import PredictError, predict_engine
+from harness.predict.predictor import PredictError, Prediction, predict_engine
+from harness.predict.step_costs import steps_ratio
+from harness.run import STEPS_FILE
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -170,7 +174,7 @@ def find_capacity(
         cal.target_qps = loadgen_double(RUN_SHARE * found.passed_qps, 4)  # as the user.conf and LoadGen's log have it
 
 
-def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Path) -> None:
+def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Path) -> Prediction | None:
     """Before the search, into `cal`: the capacity the engine's scheduler reaches in simulation
     (harness/predict) on step costs profiled on `engine`, the output lengths of the system's Offline
     accuracy run, and this run's LoadGen settings; or why there is none."""
@@ -179,12 +183,40 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
         prediction = predict_engine(engine, cfg, dataset, root, log=say)
     except PredictError as e:
         cal.predicted = f"none ({e})"
-        return
+        return None
     cal.predicted_qps = prediction.qps and loadgen_double(prediction.qps, 4)
     cal.predicted_start_qps = (prediction.low or prediction.qps) and loadgen_double(prediction.low or prediction.qps, 4)
     cal.predicted_grow = round(min(GROW, max(PREDICTED_GROW_MIN, 1 + 2 * prediction.costs.median_error)), 3)
     cal.predicted = prediction.describe()
     print(f"calibrate {cfg.scenario}: predicted capacity {cal.predicted}", flush=True)
+    return prediction
+
+
+@dataclass
+class ReanchoredTrials:
+    """The search's LoadGen trials, each failed one hinting the next rate down by the prediction
+    re-anchored to the machine as the trial found it: the capacity simulated with every step costing
+    what the trial's own steps (its steps.json) cost against the step-cost model."""
+
+    trials: LoadGenTrials
+    prediction: Prediction
+
+    def __getattr__(self, name):  # the search's estimates (seconds, folder, ...) are the trials'
+        return getattr(self.trials, name)
+
+    def __call__(self, qps: float) -> Trial:
+        trial = self.trials(qps)
+        ratio = steps_ratio(trial.logs / STEPS_FILE, self.prediction.costs) if trial.logs else None
+        if ratio is None:
+            return trial
+        again = self.prediction.rescaled(ratio)
+        trial.detail += f"; its steps cost {ratio:.2f}x the step-cost model's"
+        if again is not None:
+            trial.detail += f", at which the capacity predicted is {again:.3f} QPS"
+            if not trial.passed:
+                trial.hint_qps = again
+        self.trials.log(f"capacity: {qps:.3f} QPS: {trial.detail.split('; ')[-1]}")
+        return trial
 
 
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
@@ -234,8 +266,9 @@ def main() -> None:
     try:
         cal = measure_floors(engine, dataset.input_ids, params, args.scenario, ttft_limit, tpot_limit)
         print(f"calibrate {args.scenario}: {cal.floors()}", flush=True)
+        prediction = None
         if args.predict and not cal.reason:
-            predict_capacity(cal, engine, cfg, dataset, args.root)
+            prediction = predict_capacity(cal, engine, cfg, dataset, args.root)
     finally:
         engine.close()
     out = cfg.log_dir.parent / "calibration"
@@ -268,6 +301,8 @@ def main() -> None:
         )
         try:
             budget = None if args.budget_min is None else args.budget_min * 60
+            if prediction is not None and prediction.qps is not None:
+                trials = ReanchoredTrials(trials, prediction)
             find_capacity(cal, trials, start, budget, len(dataset))
         except CapacityError as e:
             sys.exit(f"error: calibrate: {e}")

@@ -41,7 +41,14 @@ Where each figure comes from (the page says it too):
 - Verdicts (against the configuration built on): wins or LOSES only where the two searches'
   brackets (capacity, rate failed above it) do not overlap, by the machine's run-to-run spread of
   a capacity (the system file's report.capacity_spread, measured by running the report again; the
-  page gives it) besides; else undecided.
+  page gives it) besides; else undecided. Then what the prediction says, named as such: the
+  capacity harness/predict simulates for the configuration (the engine's own scheduler on a virtual
+  clock, the report's trials' arrivals and query counts, each step costing what a step-cost model
+  profiled on the configuration's engine after its runs says, its Offline run's output lengths),
+  with a band from the model's fit error; it wins or loses where the two bands do not overlap, and
+  the line gives how far this report's predictions were from their measured capacities.
+- Predicted capacity and its error: that simulation's capacity (band), and the measured capacity
+  over it, less 1.
 - The hardware's bound (harness/measure/roofline.py): the least time a run's steps could take, the larger
   of the bytes they must read (the weights once per step, each attended token's K/V once) over the
   bandwidth measured here and of their linear FLOPs over the FLOP/s measured here; the engine's busy
@@ -57,6 +64,7 @@ Where each figure comes from (the page says it too):
 
 import argparse
 import json
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -248,6 +256,33 @@ def verdict(config: dict, builds_on: dict | None, spread: float = 0.0) -> str:
     return "; ".join(said)
 
 
+def predicted_verdict(config: dict, builds_on: dict | None, errors: list[float]) -> str:
+    """What the predictions (harness/predict) say of the configuration against the one it builds on,
+    as a prediction, never as a measurement: it wins or loses where the two predicted bands (each
+    capacity with its step-cost model's fit error) do not overlap; and how far this report's
+    predictions were from their measured capacities, for the reader to weigh it."""
+    mine, theirs = config["predicted"], (builds_on or {}).get("predicted") or {}
+    if builds_on is None or not mine.get("qps") or not theirs.get("qps"):
+        return ""
+    change = mine["qps"] / theirs["qps"]
+    if (mine.get("low") or mine["qps"]) > (theirs.get("high") or theirs["qps"]):
+        says = "wins"
+    elif (mine.get("high") or mine["qps"]) < (theirs.get("low") or theirs["qps"]):
+        says = "loses"
+    else:
+        says = "is even (the predicted bands overlap)"
+    record = (
+        f"this report's predictions were off their measured capacities by a median {statistics.median(errors):.0%}, "
+        f"at most {max(errors):.0%}, over {len(errors)} configurations"
+        if errors
+        else "no prediction here has a measurement to compare with"
+    )
+    return (
+        f"predicted: it {says}, {change:.2f}x ({mine['qps']:.3f} against {theirs['qps']:.3f} QPS in simulation; "
+        f"{record})"
+    )
+
+
 def configurations(
     top: Path, plan: dict, runs: dict[Path, RunLogs], targets, price, prompts, references, tokenizer
 ) -> list[dict]:
@@ -286,6 +321,7 @@ def configurations(
                 "at_capacity": asdict(at) if at else None,
                 "trials": [asdict(fig) for _, fig in sorted(trial_figs, key=lambda t: t[1].target_qps)],
                 "cost_by_tpot": cost_by_tpot_target(trial_figs, targets[0], targets[1], price, prompts),
+                "predicted": search.get("predicted") or {"qps": None, "why_not": "its runs predate predictions"},
             }
         )
     base = out[0] if out else None
@@ -308,9 +344,16 @@ def configurations(
             "cost_per_m_input": ratio(at.get("cost_per_m_input"), base_at.get("cost_per_m_input")),
             "cost_per_m_output": ratio(at.get("cost_per_m_output"), base_at.get("cost_per_m_output")),
         }
+    for c in out:
+        predicted, measured = c["predicted"].get("qps"), c["capacity_qps"]
+        c["prediction_error"] = measured / predicted - 1 if predicted and measured else None
+    errors = [abs(c["prediction_error"]) for c in out if c["prediction_error"] is not None]
     by_label = {c["label"]: c for c in out}
     for c in out:
         c["verdict"] = verdict(c, by_label.get(c["builds_on"]), plan.get("capacity_spread", 0.0))
+        said = predicted_verdict(c, by_label.get(c["builds_on"]), errors)
+        if said:
+            c["verdict"] += f"; {said}"
         on = by_label.get(c["builds_on"])
         c["quality_change_on_builds_on"] = {
             k: 100 * (c["quality"][k] - on["quality"][k]) / on["quality"][k]

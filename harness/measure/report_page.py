@@ -64,6 +64,14 @@ def _capacity(c: dict) -> str:
     return f"{c['capacity_qps']:.3f}{_times(c['ratios']['capacity_qps'])}{above}"
 
 
+def _predicted(c: dict) -> str:
+    p = c["predicted"]
+    if not p.get("qps"):
+        return f"none ({p.get('why_not') or 'no rate met the targets in simulation'})"
+    error = f"; measured {c['prediction_error']:+.0%}" if c["prediction_error"] is not None else ""
+    return f"{p['qps']:.3f} ({p['low'] or 0:.3f}-{p['high'] or 0:.3f}{error})"
+
+
 def _axis(ax, xlabel: str, ylabel: str, title: str | None = None) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -100,6 +108,7 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
                     "$ / M output",
                     "rouge1 (change)",
                     "against what it builds on",
+                    "predicted capacity (QPS; band; measured against it)",
                 ],
                 [
                     [
@@ -122,6 +131,7 @@ def tables(report: dict) -> list[tuple[str, str, list[str], list[list[str]]]]:
                         + _times(c["ratios"]["cost_per_m_output"]),
                         _quality(c, "rouge1"),
                         c["verdict"],
+                        _predicted(c),
                     ]
                     for c in configs
                 ],
@@ -391,6 +401,8 @@ def plots(report: dict) -> dict[str, bytes]:
     configs, t = report["configurations"], report["targets_ms"]
     server = [f for f in report["figures"] if f["scenario"] == "Server"]
     out = {}
+    if configs:
+        out["capacity"] = capacity_chart(configs)
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     top = 0.0
@@ -446,6 +458,28 @@ def plots(report: dict) -> dict[str, bytes]:
     return out
 
 
+def capacity_chart(configs: list[dict]) -> bytes:
+    """Every configuration's capacity: measured (the rate that passed, a line to the rate that failed
+    above it) and predicted (hollow, a line across its band), one row each."""
+    fig, ax = plt.subplots(figsize=(8, 0.5 * len(configs) + 1.5))
+    for row, c in enumerate(reversed(configs)):
+        if c["capacity_qps"] is not None:
+            top = c["failed_qps"] or c["capacity_qps"]
+            ax.plot([c["capacity_qps"], top], [row + 0.12] * 2, color="C0", linewidth=3)
+            ax.plot(c["capacity_qps"], row + 0.12, "o", color="C0", label="measured (to the rate failed above)")
+        p = c["predicted"]
+        if p.get("qps"):
+            ax.plot([p["low"] or p["qps"], p["high"] or p["qps"]], [row - 0.12] * 2, color="C1", linewidth=1.5)
+            ax.plot(p["qps"], row - 0.12, "o", mfc="none", color="C1", label="predicted (its band)")
+    ax.set_yticks(range(len(configs)), [c["label"] for c in reversed(configs)], fontsize=8)
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    if unique:
+        ax.legend(unique.values(), unique.keys(), fontsize=7)
+    _axis(ax, "capacity at the latency targets (q/s)", "", "Capacity of each configuration")
+    return _png(fig)
+
+
 def _png(fig) -> bytes:
     buffer = io.BytesIO()
     fig.tight_layout()
@@ -459,20 +493,30 @@ def write_page(report: dict, out: Path) -> None:
     for name, data in images.items():
         (out / f"{name}.png").write_bytes(data)
     title = "Saaf Infer measurement report"
+    worth = [f"{c['label']}: {c['verdict']}" for c in report["configurations"][1:]]
     md = [f"# {title}", ""]
-    md += [f"- **{k}**: {v}" for k, v in conditions(report)]
-    md += ["", "## How each figure is computed", "", report["method"], ""]
+    if "capacity" in images:
+        md += ["![capacity](capacity.png)", ""]
+    md += [f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}" for line in worth]
+    md += ["", "## Conditions", ""] + [f"- **{k}**: {v}" for k, v in conditions(report)]
     md += [f"- note: {n}" for n in report["notes"]]
     for _, caption, header, rows in tables(report):
         md += ["", f"## {caption}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         md += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    md += ["", "## Plots", ""] + [f"![{name}]({name}.png)" for name in images]
+    md += ["", "## Plots", ""] + [f"![{name}]({name}.png)" for name in images if name != "capacity"]
+    md += ["", "## How each figure is computed", "", report["method"], ""]
     (out / "report.md").write_text("\n".join(md) + "\n")
 
     e = html.escape
-    body = [f"<h1>{e(title)}</h1>", "<table class='conditions'>"]
+    body = [f"<h1>{e(title)}</h1>"]
+    if "capacity" in images:
+        body.append(f"<img alt='capacity' src='data:image/png;base64,{base64.b64encode(images['capacity']).decode()}'>")
+    body += ["<ul class='worth'>"] + [
+        f"<li><b>{e(line.split(': ', 1)[0])}</b>: {e(line.split(': ', 1)[1])}</li>" for line in worth
+    ]
+    body += ["</ul>", "<h2>Conditions</h2>", "<table class='conditions'>"]
     body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in conditions(report)]
-    body += ["</table>", "<h2>How each figure is computed</h2>", f"<pre>{e(report['method'])}</pre>"]
+    body += ["</table>"]
     body += [f"<p class='note'>{e(n)}</p>" for n in report["notes"]]
     for table_id, caption, header, rows in tables(report):
         body += [
@@ -486,7 +530,9 @@ def write_page(report: dict, out: Path) -> None:
     body += [
         f"<img alt='{name}' src='data:image/png;base64,{base64.b64encode(data).decode()}'>"
         for name, data in images.items()
+        if name != "capacity"
     ]
+    body += ["<h2>How each figure is computed</h2>", f"<pre>{e(report['method'])}</pre>"]
     page = f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} table{{border-collapse:collapse;margin:1em 0}}

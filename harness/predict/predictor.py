@@ -48,6 +48,15 @@ class Prediction:
     high: float | None  # and less
     costs: StepCostModel
     simulated_runs: int
+    simulation: tuple | None = None  # (layout, workload, schedule): to simulate again, rescaled
+
+    def rescaled(self, ratio: float) -> float | None:
+        """The capacity were every step to cost `ratio` times what the model says: a real run's steps
+        measured against it (step_costs.steps_ratio) re-anchor the prediction to the machine as it is
+        now (a shared machine's speed moves by tens of percent within the hour)."""
+        layout, workload, schedule = self.simulation
+        found, _ = capacity(layout.scaled(ratio), workload, schedule, schedule["limits_ms"], (self.qps or 1.0) / ratio)
+        return found
 
     def describe(self) -> str:
         if self.qps is None:
@@ -95,13 +104,23 @@ def saved_costs_path(root: Path, cfg: RunConfig, settings: dict) -> Path:
 
 
 def step_costs(
-    engine, cfg: RunConfig, prompts, settings: dict, root: Path = REPO, log=print, profile_s: float = PROFILE_S
+    engine,
+    cfg: RunConfig,
+    prompts,
+    settings: dict,
+    root: Path = REPO,
+    log=print,
+    profile_s: float = PROFILE_S,
+    costs_dir: Path | None = None,
 ) -> StepCostModel:
     """The saved model where it holds for this machine, commit and the settings a step's cost depends
-    on; else profiled now on `engine` (idle): every worker of a pool at once, each on its own cores."""
+    on; else profiled now on `engine` (idle): every worker of a pool at once, each on its own cores.
+    Saved under the build folder, or `costs_dir` (the report's runs folder: a profile of its own)."""
     settings = cost_settings(settings)
     context = json.loads(json.dumps(machine_context(settings, code_commit()), default=str))
     path = saved_costs_path(root, cfg, settings)
+    if costs_dir is not None:
+        path = costs_dir / path.name
     if path.is_file():
         saved = StepCostModel.load(path)
         if saved.context == context:
@@ -174,7 +193,7 @@ def predict(layout: Layout, workload: Workload, schedule: dict, start_qps: float
     low, high = bounds
     if qps is not None:  # a bisection's noise near the knee must not put the band off its centre
         low, high = min(low or qps, qps), max(high or qps, qps)
-    return Prediction(qps, low, high, costs, len(runs))
+    return Prediction(qps, low, high, costs, len(runs), (layout, workload, schedule))
 
 
 def predict_engine(
@@ -187,6 +206,7 @@ def predict_engine(
     log=print,
     trials: dict | None = None,
     profile_s: float = PROFILE_S,
+    costs_dir: Path | None = None,
 ) -> Prediction:
     """`engine`'s capacity at `cfg`'s scenario: its step costs (saved, or profiled on it for up to
     `profile_s`), the output lengths of `accuracy_log` (default: the system's Offline accuracy run),
@@ -194,7 +214,7 @@ def predict_engine(
     latency limits. `trials`: the report's short trials instead of the scenario's runs, {"seconds",
     "min_queries", "samples"}: `seconds` of arrivals, at least `min_queries` and at most `samples`
     queries (the first `samples` of the dataset, which the accuracy log covers), judged by their
-    p99s alone (harness/measure/ablation.py `trial_queries`)."""
+    p99s alone (harness/measure/ablation.py `trial_queries`). `profile_s`, `costs_dir`: step_costs'."""
     if accuracy_log is None:
         accuracy_log = (
             run_logs(root, cfg.system.name, cfg.benchmark.name, "Offline", "accuracy") / "mlperf_log_accuracy.json"
@@ -209,7 +229,7 @@ def predict_engine(
         schedule["queries_at"] = lambda qps: min(most, max(least, round(qps * seconds)))
         schedule["percentiles_only"] = True
     settings = cfg.system.engine_settings(cfg.scenario, cfg.benchmark.name)
-    costs = step_costs(engine, cfg, dataset.input_ids, settings, root, log, profile_s)
+    costs = step_costs(engine, cfg, dataset.input_ids, settings, root, log, profile_s, costs_dir)
     return predict(simulated_layout(engine, costs, cfg.benchmark.max_tokens("performance")), workload, schedule)
 
 
@@ -222,15 +242,17 @@ def predict_configuration(
     accuracy_log: Path | None = None,
     limits_ms: tuple | None = None,
     log=print,
+    user_conf: Path | None = None,
     **options,
 ) -> Prediction:
     """One configuration's prediction: the system's `scenario` engine with `engine_settings` over it,
     built here, profiled where no saved step-cost model holds for it, then simulated
-    (predict_engine, which takes `options`)."""
+    (predict_engine, which takes `options`) with the LoadGen settings of `user_conf` (default: the
+    scenario's committed one) over mlperf.conf."""
     from accuracy.datasets.reader import load_dataset
     from sut import make_engine
 
-    cfg = RunConfig.resolve(system, benchmark, scenario, "performance", root, engine=engine_settings)
+    cfg = RunConfig.resolve(system, benchmark, scenario, "performance", root, user_conf, engine_settings)
     dataset = load_dataset(cfg.system.datasets[cfg.benchmark.name])
     engine = make_engine(cfg.system.model_for(benchmark), **cfg.system.engine_settings(scenario, benchmark))
     try:

@@ -52,11 +52,13 @@ def server_result(ttft_ns: list[int], tpot_ns: list[int], ttft_limit_ns: int, tp
     """The detail log's verdict keys for a run whose queries had these latencies (one per query)."""
     p99_ttft, p99_tpot = percentile(ttft_ns), percentile(tpot_ns)
     early = early_stopping_met(tpot_ns, tpot_limit_ns) and early_stopping_met(ttft_ns, ttft_limit_ns)
-    valid = p99_ttft <= ttft_limit_ns and p99_tpot <= tpot_limit_ns and early
+    met = p99_ttft <= ttft_limit_ns and p99_tpot <= tpot_limit_ns
+    valid = met and early
     return {
         "result_query_count": len(ttft_ns),
         "result_first_token_99.00_percentile_latency_ns": p99_ttft,
         "result_time_per_output_token_99.00_percentile_ns": p99_tpot,
+        "result_perf_constraints_met": met,
         "early_stopping_met": early,
         "result_validity": "VALID" if valid else "INVALID",
     }

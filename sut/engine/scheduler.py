@@ -41,6 +41,7 @@ from sut.batch import ScheduledBatch
 from sut.config import EngineConfig
 from sut.engine.block_manager import BlockManager
 from sut.engine.policies import StepCosts, TpotGuard, batching_policy
+from sut.engine.profile import step_terms
 from sut.sample.sampler import NONFINITE_LOGITS
 from sut.sequence import Sequence, SequenceStatus
 from sut.spec_decode.metrics import SpecMetrics
@@ -54,6 +55,7 @@ class Scheduler:
         self.batching = batching_policy(config)
         self.costs = StepCosts()
         self.tpot_guard = TpotGuard(config, self.costs) if config.tpot_target_ms is not None else None
+        self.step_log: list | None = None  # where set, each step's terms and seconds (harness/run.py's steps.json)
         self.busy_s = {"prefill": 0.0, "decode": 0.0}
         # What the steps did, for the report's hardware bound (harness/measure/roofline.py): steps, tokens
         # computed, and tokens attended (each row's context through its last new token: the K/V it reads).
@@ -276,6 +278,8 @@ class Scheduler:
         self.work["tokens"] += sum(batch.num_new_tokens)
         self.work["attended_tokens"] += sum(s.num_computed_tokens + n for s, n in zip(batch.seqs, batch.num_new_tokens))
         self.costs.record(prefill, seconds)
+        if self.step_log is not None:
+            self.step_log.append((step_terms(batch), seconds))
 
     def preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
