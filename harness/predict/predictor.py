@@ -167,8 +167,7 @@ def simulated_layout(engine, costs: StepCostModel, max_tokens: int) -> Layout:
         return Layout([Engine(engine.config, engine.runner.num_blocks, costs, max_tokens, acceptance=costs.acceptance)])
     if not hasattr(engine, "num_blocks"):
         raise PredictError(f"{type(engine).__name__}: not an engine, replica pool or disaggregated pool")
-    split = engine.config.disaggregation
-    if split is None:
+    if engine.config.disaggregation is None:
         config = dataclasses.replace(engine.config, data_parallel_size=1)
         return Layout([Engine(config, n, costs, max_tokens, acceptance=costs.acceptance) for n in engine.num_blocks])
     prefill = dataclasses.replace(engine.config, disaggregation=None, speculative_config=None)

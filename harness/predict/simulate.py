@@ -145,27 +145,25 @@ def run(layout: Layout | Engine, arrivals_s: list[float], samples: list[int], wo
     back = [Worker(e, draws) for e in layout.decode]
     outstanding = [0] * len(front)  # replicas: prompt + max_tokens in flight; prefill workers: prompt tokens
     claimed = [0] * len(back)  # blocks on their way to each decode worker
-    transfers: list = []  # heap of (arrival, order, decode worker, sequence)
-    queries: dict[int, list] = {}  # id -> [arrival, admitted, first token, end, tokens]
-    where: dict[int, int] = {}  # id -> its front worker
+    transfers: list = []  # heap of (arrival, query, decode worker, its sequence there, blocks claimed)
+    queries: dict[int, list] = {}  # id -> [arrival, admitted, first token, end, tokens, answer's tokens]
+    where: dict[int, tuple[int, int | None]] = {}  # id -> its front worker, and its decode worker
     next_query, now, last, count = 0, 0.0, 0.0, 0
 
     def arrive(q: int) -> None:
         i, at = samples[q], arrivals_s[q]
-        prompt, wanted = workload.prompts[i], min(workload.output_lengths[i], layout.workers[0].max_tokens)
         max_tokens = layout.workers[0].max_tokens
-        if back:
-            f = min(range(len(front)), key=outstanding.__getitem__)
-            outstanding[f] += len(prompt)
-            wanted_here = 1  # the prefill worker's answer ends at its first token
-        else:
-            f = min(range(len(front)), key=outstanding.__getitem__)
-            outstanding[f] += len(prompt) + max_tokens
-            wanted_here = wanted
+        prompt, wanted = workload.prompts[i], min(workload.output_lengths[i], max_tokens)
+        f = min(range(len(front)), key=outstanding.__getitem__)
+        outstanding[f] += len(prompt) + (0 if back else max_tokens)
+        d = None
+        if back:  # its decode worker named at once, its prompt's blocks (and one more) claimed there
+            d = max(range(len(back)), key=lambda i: back[i].blocks.num_free_blocks - claimed[i])
+            claimed[d] += -(-len(prompt) // back[d].engine.config.block_size) + 1
         seq = Sequence(q, prompt, SamplingParams(max_tokens=max_tokens), max_tokens, arrival_time=at)
-        front[f].wanted[q] = wanted_here
+        front[f].wanted[q] = 1 if back else wanted  # a prefill worker's answer ends at its first token
         front[f].scheduler.add(seq)
-        where[q] = f
+        where[q] = (f, d)
         queries[q] = [at, now, None, None, 0, wanted]
 
     def done(worker: Worker, seqs: list[Sequence]) -> None:
@@ -175,18 +173,18 @@ def run(layout: Layout | Engine, arrivals_s: list[float], samples: list[int], wo
             record = queries[q]
             if record[2] is None:
                 record[2] = seq.first_token_time
+            f, d = where[q]
             if worker in front:
-                prompt = len(seq.prompt_token_ids)
-                outstanding[where[q]] -= prompt + (0 if back else seq.max_tokens)
-            if worker in front and back and record[5] > 1:  # on to a decode worker
-                blocks = -(-len(seq.prompt_token_ids) // worker.engine.config.block_size)
-                d = max(range(len(back)), key=lambda i: back[i].blocks.num_free_blocks - claimed[i])
-                claimed[d] += blocks
-                handed = Sequence(q, seq.prompt_token_ids, seq.params, seq.max_tokens, arrival_time=seq.arrival_time)
-                handed.output_token_ids.append(TOKEN)
-                back[d].wanted[q] = record[5]
-                heapq.heappush(transfers, (now + blocks * layout.transfer_s_per_block, q, d, handed, blocks))
-                continue
+                outstanding[f] -= len(seq.prompt_token_ids) + (0 if back else seq.max_tokens)
+            if worker in front and back:
+                claim = -(-len(seq.prompt_token_ids) // back[d].engine.config.block_size) + 1
+                if record[5] > 1:  # on to its decode worker, the prompt's blocks moved
+                    handed = Sequence(q, seq.prompt_token_ids, seq.params, seq.max_tokens, arrival_time=record[0])
+                    handed.output_token_ids.append(TOKEN)
+                    back[d].wanted[q] = record[5]
+                    heapq.heappush(transfers, (now + (claim - 1) * layout.transfer_s_per_block, q, d, handed, claim))
+                    continue
+                claimed[d] -= claim  # it ends with its first token: nothing goes on
             record[3], record[4] = now, len(seq.output_token_ids)
             count -= 1
 
@@ -209,8 +207,8 @@ def run(layout: Layout | Engine, arrivals_s: list[float], samples: list[int], wo
                 count += 1
         elif t_transfer == now:
             while transfers and transfers[0][0] <= now:
-                _, _, d, handed, blocks = heapq.heappop(transfers)
-                claimed[d] -= blocks
+                _, _, d, handed, claim = heapq.heappop(transfers)
+                claimed[d] -= claim  # arrived: its worker's admission (next step) counts its blocks
                 back[d].incoming.append(handed)
         else:
             for w in front + back:
