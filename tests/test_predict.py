@@ -2,6 +2,7 @@
 to the query, against a real LoadGen run's logs (tests/data/loadgen_interactive_run.json)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -254,6 +255,50 @@ class SimpleTrials:
 
     def __call__(self, qps):
         return self.run(qps)
+
+
+@pytest.mark.slow
+def test_check_steps_compares_a_runs_steps_with_a_saved_model(chain, tmp_path):
+    """check_steps: one LoadGen run with every step logged, its steps.json beside LoadGen's logs, and
+    real / model time by kind of step; a model fitted to those very steps fits them (median 1)."""
+    import subprocess
+    import sys
+
+    from harness.predict.step_costs import fit
+    from harness.run import STEPS_FILE
+    from tests.tiny_system import one_thread
+
+    root = chain[0]
+    first = tmp_path / "first"
+    command = [sys.executable, "-m", "harness.predict.check_steps", "--system", "tiny", "--scenario", "Offline"]
+    costs = tmp_path / "costs.json"
+    # A first run's own steps make the model the second run is checked against.
+    constant_cost_engine(0.001).costs.save(costs)
+    done = subprocess.run(
+        [*command, "--costs", str(costs), "--out", str(first), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        env=one_thread(),
+        cwd=root,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    logged = json.loads((first / "performance" / STEPS_FILE).read_text())
+    shapes = [dict(zip(logged["columns"], row)) for row in logged["steps"]]
+    fitted = fit(shapes, [shape["seconds"] for shape in shapes])
+    fitted.save(costs)
+    second = subprocess.run(
+        [*command, "--costs", str(costs), "--out", str(tmp_path / "second"), "--root", str(root)],
+        capture_output=True,
+        text=True,
+        env=one_thread(),
+        cwd=root,
+    )
+    assert second.returncode == 0, second.stderr[-2000:]
+    lines = second.stdout.splitlines()
+    busy = next(line for line in lines if line.startswith("busy: "))
+    real, modelled = (float(x) for x in re.findall(r"([\d.]+) s", busy)[:2])
+    assert modelled == pytest.approx(real, rel=0.5), busy  # the same engine, a run later
+    assert any(line.startswith(("decode: ", "mixed: ", "prefill: ")) for line in lines)
 
 
 def test_two_replicas_share_the_load_by_outstanding_work():

@@ -34,6 +34,12 @@ from sut.sequence import Sequence
 
 EOS, TOKEN = 0, 1  # what a simulated sequence emits: TOKEN until its sample's length, then EOS
 DRAW_SEED = 0  # the acceptance draws': the same run twice is the same run
+# Which sample each query carries is LoadGen's draw, not reproduced (its order goes through
+# libstdc++'s shuffle and uniform_int_distribution, not matched to a LoadGen trace here). A p99 of
+# 100 queries is nearly their slowest, and which samples come when moves it by 2x (continuous
+# batching at 3.7 QPS: 53-118 ms over five draws, the run's own 65): each rate is simulated with
+# this many uniform draws, and meets the limits where most of them do.
+SAMPLE_DRAWS = 5
 
 
 @dataclass
@@ -238,16 +244,23 @@ def server_run(layout, workload: Workload, target_qps: float, schedule: dict, li
     count = queries_at(target_qps) if queries_at else schedule["min_query_count"]
     duration = 0 if queries_at else schedule["min_duration_ms"]
     times_ns, _ = server_schedule(target_qps, schedule["schedule_rng_seed"], duration, count)
-    # Which sample each query carries: LoadGen's draw is not reproduced (its sample order goes
-    # through libstdc++'s shuffle); a uniform draw on its seed stands for it.
-    rng = random.Random(schedule["sample_index_rng_seed"])
-    samples = [rng.randrange(len(workload.prompts)) for _ in times_ns]
-    queries = run(layout, [t / 1e9 for t in times_ns], samples, workload)
-    ttft, tpot = latencies_ns(queries)
-    result = server_result(ttft, tpot, int(limits_ms[0] * 1e6), int(limits_ms[1] * 1e6))
-    if schedule.get("percentiles_only"):
-        result["result_validity"] = "VALID" if result["result_perf_constraints_met"] else "INVALID"
-    return {"effective_target_qps": target_qps, **result}
+    results = []
+    for draw in range(SAMPLE_DRAWS):
+        rng = random.Random(f"{schedule['sample_index_rng_seed']}/{draw}")
+        samples = [rng.randrange(len(workload.prompts)) for _ in times_ns]
+        ttft, tpot = latencies_ns(run(layout, [t / 1e9 for t in times_ns], samples, workload))
+        result = server_result(ttft, tpot, int(limits_ms[0] * 1e6), int(limits_ms[1] * 1e6))
+        if schedule.get("percentiles_only"):
+            result["result_validity"] = "VALID" if result["result_perf_constraints_met"] else "INVALID"
+        results.append(result)
+    met = sum(r["result_validity"] == "VALID" for r in results)
+    middle = sorted(results, key=lambda r: r["result_first_token_99.00_percentile_latency_ns"])[len(results) // 2]
+    return {
+        "effective_target_qps": target_qps,
+        **middle,
+        "result_validity": "VALID" if 2 * met > len(results) else "INVALID",
+        "sample_draws_valid": f"{met} of {len(results)}",
+    }
 
 
 def capacity(
