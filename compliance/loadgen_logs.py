@@ -12,6 +12,7 @@ MLLOG_MARKER = ":::MLLOG"
 SPEC_METRICS_FILE = "speculative_decoding.json"
 # Written by the harness beside every run's LoadGen logs: its conditions (harness/run.py).
 RUN_RECORD = "run.json"
+STEPS_FILE = "steps.json"  # beside them: the engine's steps, each its terms and seconds (harness/run.py)
 
 
 def read_detail_log(path: Path) -> tuple[dict, list[str]]:

@@ -34,6 +34,7 @@ RUN_FILES = frozenset(
         "accuracy.txt",
         "run.json",
         "speculative_decoding.json",
+        "steps.json",
         "user.conf",
         "machine.txt",
         STATUS_FILE,

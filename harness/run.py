@@ -23,14 +23,13 @@ from tqdm import tqdm
 from accuracy.datasets.reader import load_dataset
 from accuracy.report import check_targets, reference_targets, targets_for
 from compliance.audit_config import AUDIT_CONFIGS, read_audit_config
-from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, read_detail_log
+from compliance.loadgen_logs import RUN_RECORD, SPEC_METRICS_FILE, STEPS_FILE, read_detail_log
 from compliance.run_folder import RunFolder
 from harness.config import MODES, SCENARIOS, HarnessConfigError, RunConfig
 from harness.loadgen_sut import EngineSUT, Interrupted, construct_qsl
 from systems.schema import REPO
 
 MAX_ERRORS_SHOWN = 10
-STEPS_FILE = "steps.json"  # beside LoadGen's logs: the engine's steps (write_steps)
 
 
 class RunFailed(RuntimeError):

@@ -219,12 +219,13 @@ def test_a_trial_whose_steps_cost_twice_the_model_re_anchors_the_prediction(tmp_
     whose steps cost twice the model's hints the capacity simulated at twice the costs: in virtual
     time that is the run at half the rate with every time doubled, so half the capacity found at
     half the latency limits."""
+    from compliance.loadgen_logs import STEPS_FILE
     from harness.measure.calibrate import ReanchoredTrials
     from harness.measure.capacity import Trial
     from harness.predict.predictor import Prediction
     from harness.predict.simulate import Layout, Workload, capacity
     from harness.predict.step_costs import steps_ratio
-    from harness.run import STEPS_FILE, write_steps
+    from harness.run import write_steps
 
     engine = constant_cost_engine(0.010)
     workload = Workload([[5, 6, 7]], [1])
@@ -264,8 +265,8 @@ def test_check_steps_compares_a_runs_steps_with_a_saved_model(chain, tmp_path):
     import subprocess
     import sys
 
+    from compliance.loadgen_logs import STEPS_FILE
     from harness.predict.step_costs import fit
-    from harness.run import STEPS_FILE
     from tests.tiny_system import one_thread
 
     root = chain[0]

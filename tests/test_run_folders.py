@@ -212,7 +212,7 @@ def test_a_second_run_into_a_folder_in_use_is_refused_and_a_later_one_replaces_i
     assert first.returncode == 0, err[-2000:]
     done = status(logs)
     assert done["status"] == "complete" and done["pid"] == first.pid and done["scenario"] == "Server"
-    assert "speculative_decoding.json" in done["files"]
+    assert "speculative_decoding.json" in done["files"] and "steps.json" in done["files"]
     # Back to back: the later run replaces the earlier one, says so, and leaves none of its files.
     third = harness_run(root, "Offline", "performance", "--log-dir", logs)
     assert third.returncode == 0, third.stderr[-2000:]

@@ -43,13 +43,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from accuracy.datasets.reader import DatasetError, load_dataset
+from compliance.loadgen_logs import STEPS_FILE
 from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, Trial, search_capacity
 from harness.measure.estimates import predicted_minutes
 from harness.predict.predictor import PredictError, Prediction, predict_engine
 from harness.predict.step_costs import steps_ratio
-from harness.run import STEPS_FILE
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
