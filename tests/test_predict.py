@@ -85,6 +85,21 @@ def test_one_request_per_step_at_a_constant_cost_is_an_m_d_1_queue(load):
     assert sum(ttft) / n / 1e9 == pytest.approx(want, rel=0.04)
 
 
+def test_step_costs_drawn_from_a_runs_ratios_make_an_m_g_1_queue():
+    """Each step costing the model's times 0.5 or 1.5 at random (a run's spread of step times, mean
+    1): the Pollaczek-Khinchine mean wait for service times S, lambda E[S^2] / (2 (1 - rho)), with
+    E[S^2] = 1.25 D^2, longer than the M/D/1 queue's at the same load."""
+    from harness.predict.simulate import Layout, Workload, latencies_ns, run
+
+    step_s, n, load = 0.010, 20_000, 0.6
+    times, _ = server_schedule(load / step_s, RUN["schedule_rng_seed"], 0, n)
+    layout = Layout([constant_cost_engine(step_s)]).scaled(cost_ratios=[0.5, 1.5])
+    ttft, _ = latencies_ns(run(layout, [t / 1e9 for t in times], [0] * n, Workload([[5, 6, 7]], [1])))
+    want = step_s + (load / step_s) * 1.25 * step_s**2 / (2 * (1 - load))
+    assert sum(ttft) / n / 1e9 == pytest.approx(want, rel=0.04)
+    assert want > step_s + load * step_s / (2 * (1 - load))  # the M/D/1 wait
+
+
 def test_littles_law_holds_on_the_schedulers_in_flight_counts():
     """The scheduler's own count of requests in flight, averaged over virtual time, equals the
     arrival rate times the mean time a query spends in it, from its admission at a step's start to
@@ -224,7 +239,7 @@ def test_a_trial_whose_steps_cost_twice_the_model_re_anchors_the_prediction(tmp_
     from harness.measure.capacity import Trial
     from harness.predict.predictor import Prediction
     from harness.predict.simulate import Layout, Workload, capacity
-    from harness.predict.step_costs import steps_ratio
+    from harness.predict.step_costs import step_ratios
     from harness.run import write_steps
 
     engine = constant_cost_engine(0.010)
@@ -238,8 +253,8 @@ def test_a_trial_whose_steps_cost_twice_the_model_re_anchors_the_prediction(tmp_
     logs.mkdir()
     shape = {"step": 1.0, "prefill_token": 3.0, "decode_token": 0.0, "draft_token": 0.0, "attention": 6.0}
     write_steps(logs / STEPS_FILE, [(shape, 0.020)] * 50)
-    assert steps_ratio(logs / STEPS_FILE, engine.costs) == pytest.approx(2.0)
-    assert steps_ratio(tmp_path / "none.json", engine.costs) is None
+    assert step_ratios(logs / STEPS_FILE, engine.costs) == pytest.approx([2.0] * 50)
+    assert step_ratios(tmp_path / "none.json", engine.costs) == []
 
     said = []
     trials = SimpleTrials(lambda q: Trial(q, False, "LoadGen INVALID", logs=logs), said.append)

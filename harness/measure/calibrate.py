@@ -49,7 +49,7 @@ from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, Trial, search_capacity
 from harness.measure.estimates import predicted_minutes
 from harness.predict.predictor import PredictError, Prediction, predict_engine
-from harness.predict.step_costs import steps_ratio
+from harness.predict.step_costs import step_ratios
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -195,8 +195,8 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
 @dataclass
 class ReanchoredTrials:
     """The search's LoadGen trials, each failed one hinting the next rate down by the prediction
-    re-anchored to the machine as the trial found it: the capacity simulated with every step costing
-    what the trial's own steps (its steps.json) cost against the step-cost model."""
+    re-anchored to the machine as the trial found it: the capacity simulated with each step costing
+    the model's times one of the trial's own steps' ratios to it (its steps.json), drawn at random."""
 
     trials: LoadGenTrials
     prediction: Prediction
@@ -206,11 +206,13 @@ class ReanchoredTrials:
 
     def __call__(self, qps: float) -> Trial:
         trial = self.trials(qps)
-        ratio = steps_ratio(trial.logs / STEPS_FILE, self.prediction.costs) if trial.logs else None
-        if ratio is None:
+        ratios = step_ratios(trial.logs / STEPS_FILE, self.prediction.costs) if trial.logs else []
+        if not ratios:
             return trial
-        again = self.prediction.rescaled(ratio)
-        trial.detail += f"; its steps cost {ratio:.2f}x the step-cost model's"
+        again = self.prediction.rescaled(ratios)
+        ratios.sort()
+        spread = f"p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[9 * len(ratios) // 10]:.2f}"
+        trial.detail += f"; its steps cost {statistics.median(ratios):.2f}x the step-cost model's ({spread})"
         if again is not None:
             trial.detail += f", at which the capacity predicted is {again:.3f} QPS"
             if not trial.passed:

@@ -65,6 +65,10 @@ class Engine:
     cost_scale: float = 1.0  # the band: the model's costs scaled by its error
     # Speculation: position j's draft is accepted with this probability when those before it were.
     acceptance: list[float] = field(default_factory=list)
+    # Real steps' costs over the model's, as a run measured them (step_costs.step_ratios): each
+    # simulated step costs the model's times one of them, drawn at random, so that the simulation
+    # meets the run's spread of step times as well as their level. Empty: the model's alone.
+    cost_ratios: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -75,9 +79,14 @@ class Layout:
     decode: list[Engine] = field(default_factory=list)  # disaggregated: the decode workers
     transfer_s_per_block: float = 0.0  # a prompt's KV blocks, prefill worker to decode worker
 
-    def scaled(self, scale: float) -> "Layout":
+    def scaled(self, scale: float = 1.0, cost_ratios: list[float] | None = None) -> "Layout":
+        """Every step costing `scale` times the model's, or with `cost_ratios` times one of them."""
+
         def each(engines):
-            return [Engine(e.config, e.num_blocks, e.costs, e.max_tokens, scale, e.acceptance) for e in engines]
+            return [
+                Engine(e.config, e.num_blocks, e.costs, e.max_tokens, scale, e.acceptance, cost_ratios or [])
+                for e in engines
+            ]
 
         return Layout(each(self.workers), each(self.decode), self.transfer_s_per_block * scale)
 
@@ -120,6 +129,8 @@ class Worker:
         batch = self.scheduler.schedule(now)
         if batch:
             cost = self.engine.costs.seconds(step_terms(batch), self.engine.cost_scale)
+            if self.engine.cost_ratios:
+                cost *= self.draws.choice(self.engine.cost_ratios)
             self.scheduler.record_step(batch, cost)
             self.batch, self.ends = batch, now + cost
         return finished

@@ -78,20 +78,21 @@ def fit(shapes: list[dict[str, float]], seconds: list[float], context: dict | No
     return StepCostModel(per, median, p90, len(y), dict(context or {}), profiled)
 
 
-def steps_ratio(steps_file: Path, costs: StepCostModel) -> float | None:
-    """A run's engine steps (harness/run.py's steps.json) against `costs`: their real seconds over
-    what the model says they cost, summed (the busy time, which decides a capacity); None where the
-    run logged none (a pool's steps are in its processes)."""
+def step_ratios(steps_file: Path, costs: StepCostModel) -> list[float]:
+    """A run's engine steps (harness/run.py's steps.json) against `costs`: each step's real seconds
+    over what the model says it costs; none where the run logged none (a pool's steps are in its
+    processes)."""
     if not steps_file.is_file():
-        return None
+        return []
     logged = json.loads(steps_file.read_text())
     columns = logged["columns"]
-    real = modelled = 0.0
+    ratios = []
     for row in logged["steps"]:
         values = dict(zip(columns, row))
-        real += values["seconds"]
-        modelled += costs.seconds(values)
-    return real / modelled if modelled > 0 else None
+        modelled = costs.seconds(values)
+        if modelled > 0:
+            ratios.append(values["seconds"] / modelled)
+    return ratios
 
 
 def machine_context(settings: dict, commit: str) -> dict:
