@@ -86,18 +86,42 @@ def test_one_request_per_step_at_a_constant_cost_is_an_m_d_1_queue(load):
 
 
 def test_step_costs_drawn_from_a_runs_ratios_make_an_m_g_1_queue():
-    """Each step costing the model's times 0.5 or 1.5 at random (a run's spread of step times, mean
-    1): the Pollaczek-Khinchine mean wait for service times S, lambda E[S^2] / (2 (1 - rho)), with
-    E[S^2] = 1.25 D^2, longer than the M/D/1 queue's at the same load."""
+    """The steps costing the model's times a run's ratios in turn, here 0.5 or 1.5 at random (a
+    spread of step times, mean 1, no slow stretches): the Pollaczek-Khinchine mean wait for service
+    times S, lambda E[S^2] / (2 (1 - rho)), with E[S^2] = 1.25 D^2, longer than the M/D/1 queue's."""
+    import random
+
     from harness.predict.simulate import Layout, Workload, latencies_ns, run
 
     step_s, n, load = 0.010, 20_000, 0.6
     times, _ = server_schedule(load / step_s, RUN["schedule_rng_seed"], 0, n)
-    layout = Layout([constant_cost_engine(step_s)]).scaled(cost_ratios=[0.5, 1.5])
+    coin = random.Random(0)
+    ratios = [coin.choice([0.5, 1.5]) for _ in range(50_000)]
+    layout = Layout([constant_cost_engine(step_s)]).scaled(cost_ratios=ratios)
     ttft, _ = latencies_ns(run(layout, [t / 1e9 for t in times], [0] * n, Workload([[5, 6, 7]], [1])))
     want = step_s + (load / step_s) * 1.25 * step_s**2 / (2 * (1 - load))
     assert sum(ttft) / n / 1e9 == pytest.approx(want, rel=0.04)
     assert want > step_s + load * step_s / (2 * (1 - load))  # the M/D/1 wait
+
+
+def test_a_runs_slow_stretch_is_kept_in_order_not_spread_thin():
+    """The same step-cost ratios, a stretch of 100 slow steps among 900, replayed in order (a stall
+    of the machine) give a longer p99 first-token time than shuffled (the stall spread thin)."""
+    import random
+
+    from harness.predict.simulate import Layout, Workload, latencies_ns, run
+    from harness.predict.verdict import percentile
+
+    step_s, n, load = 0.010, 5_000, 0.5
+    times, _ = server_schedule(load / step_s, RUN["schedule_rng_seed"], 0, n)
+    stretch = [1.0] * 900 + [3.0] * 100
+    shuffled = random.Random(1).sample(stretch, len(stretch))
+    p99 = []
+    for ratios in (stretch, shuffled):
+        layout = Layout([constant_cost_engine(step_s)]).scaled(cost_ratios=ratios)
+        ttft, _ = latencies_ns(run(layout, [t / 1e9 for t in times], [0] * n, Workload([[5, 6, 7]], [1])))
+        p99.append(percentile(ttft))
+    assert p99[0] > 2 * p99[1]
 
 
 def test_littles_law_holds_on_the_schedulers_in_flight_counts():

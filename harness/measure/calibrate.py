@@ -195,8 +195,8 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
 @dataclass
 class ReanchoredTrials:
     """The search's LoadGen trials, each failed one hinting the next rate down by the prediction
-    re-anchored to the machine as the trial found it: the capacity simulated with each step costing
-    the model's times one of the trial's own steps' ratios to it (its steps.json), drawn at random."""
+    re-anchored to the machine as the trial found it: the capacity simulated with the steps costing
+    the model's times the trial's own steps' ratios to it (its steps.json), in their order."""
 
     trials: LoadGenTrials
     prediction: Prediction
@@ -210,7 +210,7 @@ class ReanchoredTrials:
         if not ratios:
             return trial
         again = self.prediction.rescaled(ratios)
-        ratios.sort()
+        ratios = sorted(ratios)
         spread = f"p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[9 * len(ratios) // 10]:.2f}"
         trial.detail += f"; its steps cost {statistics.median(ratios):.2f}x the step-cost model's ({spread})"
         if again is not None:

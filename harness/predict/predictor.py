@@ -51,11 +51,11 @@ class Prediction:
     simulation: tuple | None = None  # (layout, workload, schedule): to simulate again, rescaled
 
     def rescaled(self, ratios: list[float]) -> float | None:
-        """The capacity were each step to cost what the model says times one of `ratios`, drawn at
-        random: a real run's steps measured against it (step_costs.step_ratios) re-anchor the
+        """The capacity were the steps to cost what the model says times `ratios` in turn (Engine.
+        cost_ratios): a real run's steps measured against it (step_costs.step_ratios) re-anchor the
         prediction to the machine as that run found it, the level of its step times (a shared
-        machine's speed moves by tens of percent within the hour) and their spread (which the
-        TPOT guard and the p99s feel, and a quiet profile does not show)."""
+        machine's speed moves by tens of percent within the hour), their spread and their slow
+        stretches (which the TPOT guard and the p99s feel, and a quiet profile does not show)."""
         layout, workload, schedule = self.simulation
         start = (self.qps or 1.0) / statistics.mean(ratios)
         found, _ = capacity(layout.scaled(cost_ratios=ratios), workload, schedule, schedule["limits_ms"], start)
