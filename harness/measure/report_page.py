@@ -460,13 +460,16 @@ def plots(report: dict) -> dict[str, bytes]:
 
 def capacity_chart(configs: list[dict]) -> bytes:
     """Every configuration's capacity: measured (the rate that passed, a line to the rate that failed
-    above it) and predicted (hollow, a line across its band), one row each."""
+    above it; where none passed, a cross at the lowest that failed) and predicted (hollow, a line
+    across its band), one row each."""
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(configs) + 1.5))
     for row, c in enumerate(reversed(configs)):
         if c["capacity_qps"] is not None:
             top = c["failed_qps"] or c["capacity_qps"]
             ax.plot([c["capacity_qps"], top], [row + 0.12] * 2, color="C0", linewidth=3)
             ax.plot(c["capacity_qps"], row + 0.12, "o", color="C0", label="measured (to the rate failed above)")
+        elif c["failed_qps"] is not None:
+            ax.plot(c["failed_qps"], row + 0.12, "x", color="C3", label="no rate met the targets (the lowest failed)")
         p = c["predicted"]
         if p.get("qps"):
             ax.plot([p["low"] or p["qps"], p["high"] or p["qps"]], [row - 0.12] * 2, color="C1", linewidth=1.5)
@@ -493,11 +496,11 @@ def write_page(report: dict, out: Path) -> None:
     for name, data in images.items():
         (out / f"{name}.png").write_bytes(data)
     title = "Saaf Infer measurement report"
-    worth = [f"{c['label']}: {c['verdict']}" for c in report["configurations"][1:]]
+    worth = [(c["label"], c["verdict"]) for c in report["configurations"][1:]]
     md = [f"# {title}", ""]
     if "capacity" in images:
         md += ["![capacity](capacity.png)", ""]
-    md += [f"- **{line.split(': ', 1)[0]}**: {line.split(': ', 1)[1]}" for line in worth]
+    md += [f"- **{label}**: {verdict}" for label, verdict in worth]
     md += ["", "## Conditions", ""] + [f"- **{k}**: {v}" for k, v in conditions(report)]
     md += [f"- note: {n}" for n in report["notes"]]
     for _, caption, header, rows in tables(report):
@@ -511,9 +514,7 @@ def write_page(report: dict, out: Path) -> None:
     body = [f"<h1>{e(title)}</h1>"]
     if "capacity" in images:
         body.append(f"<img alt='capacity' src='data:image/png;base64,{base64.b64encode(images['capacity']).decode()}'>")
-    body += ["<ul class='worth'>"] + [
-        f"<li><b>{e(line.split(': ', 1)[0])}</b>: {e(line.split(': ', 1)[1])}</li>" for line in worth
-    ]
+    body += ["<ul class='worth'>"] + [f"<li><b>{e(label)}</b>: {e(verdict)}</li>" for label, verdict in worth]
     body += ["</ul>", "<h2>Conditions</h2>", "<table class='conditions'>"]
     body += [f"<tr><th>{e(k)}</th><td>{e(v)}</td></tr>" for k, v in conditions(report)]
     body += ["</table>"]
