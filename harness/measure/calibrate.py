@@ -13,8 +13,9 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound. With `--predict` (the chain's) it starts at the low end of the capacity harness/predict
    simulates for this engine and steps by its `predicted_grow`, and a failed trial sends it down to
-   the capacity simulated again with the step costs that trial's own steps measured (ReanchoredTrials:
-   a shared machine's speed moves by tens of percent within the hour); else from `--start-qps` (the chain gives a
+   the capacity simulated again on the step costs that trial's own steps measured, where that is
+   lower than the next step down (ReanchoredTrials: a shared machine's speed moves by tens of
+   percent within the hour); else from `--start-qps` (the chain gives a
    share of Offline's measured samples/s for Server, half of Server's capacity for Interactive) or
    the committed target_qps by GROW; up or down, then bisected to TOLERANCE, at most TRIALS runs,
    and none that would not fit `--budget-min` with the scenario's runs after it.
