@@ -32,11 +32,11 @@ from pathlib import Path
 from accuracy.datasets.reader import DatasetError, load_dataset
 from accuracy.evaluate import TokenizerError, load_tokenizer
 from compliance.check import check_tree
-from compliance.loadgen_logs import read_detail_log
+from compliance.loadgen_logs import STEPS_FILE, read_detail_log
 from compliance.package import BASE_MODES, PackagingError, load_calibration, package, run_modes
 from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder
 from harness.commands import harness_command, root_args
-from harness.measure.estimates import predicted_minutes
+from harness.measure.estimates import LATENCY_RERUN_SHARE, predicted_minutes
 from systems.benchmarks import BENCHMARKS, loadgen_double, with_conf_value
 from systems.paths import build_dir, committed_user_conf, logs_dir, scenario_logs, submission_dir
 from systems.schema import REPO, System, SystemConfigError
@@ -55,10 +55,7 @@ INTERACTIVE_START_SHARE = 0.5
 # the margin, and up to OFFLINE_RERUNS reruns, each from the last one's rate.
 OFFLINE_RATE_MARGIN = 1.5
 OFFLINE_RERUNS = 3
-# A latency scenario's performance run that LoadGen found INVALID at the calibrated rate (a machine
-# that slowed since its calibration: measurements/README.md) runs again once at this share of it.
-LATENCY_RERUN_SHARE = 0.9
-LATENCY_RERUNS = 1
+LATENCY_RERUNS = 1  # at estimates.LATENCY_RERUN_SHARE of the rate
 
 
 class ChainError(RuntimeError):
@@ -236,6 +233,21 @@ def start_qps(logs: Path, scenario: str, server: dict | None) -> float | None:
     return START_SHARE * detail["result_samples_per_second"] if "result_samples_per_second" in detail else None
 
 
+def latest_steps(logs: Path, scenario: str) -> list[Path]:
+    """The steps.json of the runs this chain made before `scenario`'s calibration, that re-anchor its
+    prediction on the machine as it is now: Offline's performance run for Server; Server's trials
+    and performance run for Interactive."""
+    if scenario == "Server":
+        found = [logs.parent / "Offline" / "performance" / STEPS_FILE]
+    else:
+        server = logs.parent / "Server"
+        found = [
+            *sorted((server / "calibration" / "capacity").glob(f"*/{STEPS_FILE}")),
+            server / "performance" / STEPS_FILE,
+        ]
+    return [path for path in found if path.is_file()]
+
+
 def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: Path, start: float) -> list[str] | None:
     """Calibrate a latency scenario; return the `--user-conf` arguments for its runs, or None when
     it is left out (the reason printed and kept in its calibration.json)."""
@@ -269,6 +281,7 @@ def calibrate(system: System, benchmark: str, scenario: str, root: Path, logs: P
     first = start_qps(logs, scenario, server)
     command = ["-m", "harness.measure.calibrate", "--system", system.name, "--benchmark", benchmark]
     command += ["--scenario", scenario, "--predict", *(["--start-qps", f"{first:.4f}"] if first else [])]
+    command += ["--reanchor-on", *map(str, latest_steps(logs, scenario))]
     command += [*budget, *root_args(root)]
     run_step([sys.executable, *command])
     calibration = load_calibration(logs)

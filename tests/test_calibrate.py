@@ -25,10 +25,10 @@ from harness.measure.calibrate import (
     measure_floors,
 )
 from harness.measure.capacity import MAX_DROP, LoadGenTrials, Trial
-from harness.measure.estimates import predicted_minutes
+from harness.measure.estimates import performance_seconds, predicted_minutes
 from harness.submission import interactive_past_budget, past_budget
 from sut import LLMEngine, SamplingParams
-from systems.benchmarks import loadgen_double
+from systems.benchmarks import loadgen_double, with_conf_value
 from systems.schema import REPO
 from tests.helpers import random_prompts
 from tests.tiny_system import one_thread
@@ -88,6 +88,19 @@ def test_a_search_that_would_overrun_the_budget_stops_and_says_so(monkeypatch):
     find_capacity(cal, KnownCapacity(100.0, clock), 20.0, 5 * 60, 100)
     assert cal.capacity_qps is not None and 1 < len(cal.trials) < TRIALS and "would take" in cal.search
     assert clock[0] <= 5 * 60
+    # The time left must also hold a rerun of the performance run, which the chain allows an INVALID
+    # one: a trial with time for the three runs alone is not started.
+    trials, rate = KnownCapacity(100.0, clock), 2.0
+    conf = with_conf_value(SERVER_CONF, "llama3_1-8b", "Server", "target_qps", f"{RUN_SHARE * rate:.4f}")
+    three_runs = trials.seconds(rate) + 60 * predicted_minutes(conf, "llama3_1-8b", 100)
+    clock[0] = 0.0
+    cal = Calibration("Server", 2000, 100, 50.0, 10.0)
+    find_capacity(cal, trials, rate, three_runs + 1, 100)
+    assert not cal.trials and "would take" in cal.reason
+    cal = Calibration("Server", 2000, 100, 50.0, 10.0)
+    rerun = with_conf_value(SERVER_CONF, "llama3_1-8b", "Server", "target_qps", f"{0.9 * RUN_SHARE * rate:.4f}")
+    find_capacity(cal, trials, rate, three_runs + performance_seconds(rerun, "llama3_1-8b", 100) + 1, 100)
+    assert cal.trials[0]["qps"] == rate
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ to the query, against a real LoadGen run's logs (tests/data/loadgen_interactive_
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -430,3 +431,45 @@ def test_every_layout_is_simulated_with_its_workers_settings():
     assert pools.transfer_s_per_block == 0.003
     with pytest.raises(PredictError, match="not an engine"):
         simulated_layout(SimpleNamespace(config=EngineConfig()), costs, 64)
+
+
+def test_the_chain_starts_at_the_prediction_re_anchored_on_its_latest_runs(tmp_path, monkeypatch):
+    """`calibrate --reanchor-on`: the search's first rate is the capacity simulated with the steps
+    costing what the latest runs' steps cost against the model (here twice: about half the
+    capacity at half the limits, as above); the chain gives Offline's steps for Server, Server's
+    trials' and performance run's for Interactive."""
+    import harness.measure.calibrate as calibrate
+    from compliance.loadgen_logs import STEPS_FILE
+    from harness.predict.predictor import Prediction
+    from harness.predict.simulate import Layout, Workload, capacity
+    from harness.run import write_steps
+    from harness.submission import latest_steps
+
+    engine = constant_cost_engine(0.010)
+    workload = Workload([[5, 6, 7]], [1])
+    schedule = {"schedule_rng_seed": RUN["schedule_rng_seed"], "sample_index_rng_seed": 1}
+    schedule |= {"min_duration_ms": 0, "min_query_count": 2000, "limits_ms": (40.0, 100.0)}
+    qps, _ = capacity(Layout([engine]), workload, schedule, schedule["limits_ms"], 10.0)
+    halved, _ = capacity(Layout([engine]), workload, schedule, (20.0, 50.0), 10.0)
+    prediction = Prediction(qps, qps, qps, engine.costs, 1, (Layout([engine]), workload, schedule))
+    monkeypatch.setattr(calibrate, "predict_engine", lambda *args, **kwargs: prediction)
+
+    logs = tmp_path / "llama3.1-8b"
+    shape = {"step": 1.0, "prefill_token": 3.0, "decode_token": 0.0, "draft_token": 0.0, "attention": 6.0}
+    for run in ("Offline/performance", "Server/calibration/capacity/01-9.0qps", "Server/performance"):
+        (logs / run).mkdir(parents=True)
+        write_steps(logs / run / STEPS_FILE, [(shape, 0.020)] * 50)
+    assert latest_steps(logs / "Server", "Server") == [logs / "Offline/performance" / STEPS_FILE]
+    interactive = latest_steps(logs / "Interactive", "Interactive")
+    assert interactive == [
+        logs / run / STEPS_FILE for run in ("Server/calibration/capacity/01-9.0qps", "Server/performance")
+    ]
+
+    cal = calibrate.Calibration("Interactive", 500, 30, 1.0, 1.0)
+    calibrate.predict_capacity(cal, None, SimpleNamespace(scenario="Interactive"), None, tmp_path, interactive)
+    assert cal.predicted_qps == pytest.approx(qps, rel=1e-3)
+    assert cal.predicted_start_qps == cal.reanchored_qps == pytest.approx(halved / 2, rel=0.03)
+    assert "re-anchored on the 100 steps of this machine's latest runs (2.00x the model's, median)" in cal.predicted
+    cal = calibrate.Calibration("Interactive", 500, 30, 1.0, 1.0)  # nothing to re-anchor on: the band's low end
+    calibrate.predict_capacity(cal, None, SimpleNamespace(scenario="Interactive"), None, tmp_path, [])
+    assert cal.predicted_start_qps == pytest.approx(qps, rel=1e-3) and cal.reanchored_qps is None

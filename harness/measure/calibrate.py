@@ -12,13 +12,16 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    schedule, is VALID (the p99 limits under early stopping), one `harness run` per rate on the
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound. With `--predict` (the chain's) it starts at the low end of the capacity harness/predict
-   simulates for this engine and steps by its `predicted_grow`, and a failed trial sends it down to
+   simulates for this engine (with `--reanchor-on`, re-anchored on the steps of this machine's
+   latest runs: the chain gives Offline's for Server, Server's for Interactive) and steps by its
+   `predicted_grow`, and a failed trial sends it down to
    the capacity simulated again on the step costs that trial's own steps measured, where that is
    lower than the next step down (ReanchoredTrials: a shared machine's speed moves by tens of
    percent within the hour); else from `--start-qps` (the chain gives a
    share of Offline's measured samples/s for Server, half of Server's capacity for Interactive) or
    the committed target_qps by GROW; up or down, then bisected to TOLERANCE, at most TRIALS runs,
-   and none that would not fit `--budget-min` with the scenario's runs after it.
+   and none that would not fit `--budget-min` with the scenario's runs after it (and a rerun of
+   its performance run).
 3. The runs take RUN_SHARE of the capacity found: run-to-run spread at a fixed rate (the tree's
    README and measurements/README.md give the numbers this share comes from).
 
@@ -48,7 +51,7 @@ from compliance.loadgen_logs import STEPS_FILE
 from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, Trial, search_capacity
-from harness.measure.estimates import predicted_minutes
+from harness.measure.estimates import LATENCY_RERUN_SHARE, performance_seconds, predicted_minutes
 from harness.predict.predictor import PredictError, Prediction, predict_engine
 from harness.predict.step_costs import step_ratios
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
@@ -87,6 +90,7 @@ class Calibration:
     # a rate the prediction expects to pass; a failed first trial at overload costs most.
     predicted_start_qps: float | None = None
     predicted_grow: float | None = None  # the bracket's step from that start
+    reanchored_qps: float | None = None  # the prediction re-anchored on earlier runs' steps: the start
     predicted: str = ""  # the prediction's account: its band and step costs, or why there is none
     reason: str = ""  # why the scenario is left out, when target_qps is None
     margin: str = MARGIN
@@ -175,10 +179,15 @@ def find_capacity(
         cal.target_qps = loadgen_double(RUN_SHARE * found.passed_qps, 4)  # as the user.conf and LoadGen's log have it
 
 
-def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Path) -> Prediction | None:
+def predict_capacity(
+    cal: Calibration, engine, cfg: RunConfig, dataset, root: Path, reanchor_on: list[Path] = ()
+) -> Prediction | None:
     """Before the search, into `cal`: the capacity the engine's scheduler reaches in simulation
     (harness/predict) on step costs profiled on `engine`, the output lengths of the system's Offline
-    accuracy run, and this run's LoadGen settings; or why there is none."""
+    accuracy run, and this run's LoadGen settings; or why there is none. With `reanchor_on` (the
+    steps.json of this machine's latest runs), the search starts at the capacity simulated again
+    with the steps costing what those runs' steps cost against the model, in their order: the
+    machine as it is now, not as the quiet profile found it."""
     try:
         say = lambda line: print(f"calibrate {cfg.scenario}: {line}", flush=True)  # noqa: E731
         prediction = predict_engine(engine, cfg, dataset, root, log=say)
@@ -190,6 +199,16 @@ def predict_capacity(cal: Calibration, engine, cfg: RunConfig, dataset, root: Pa
     cal.predicted_grow = round(min(GROW, max(PREDICTED_GROW_MIN, 1 + 2 * prediction.costs.median_error)), 3)
     cal.predicted = prediction.describe()
     print(f"calibrate {cfg.scenario}: predicted capacity {cal.predicted}", flush=True)
+    ratios = [r for steps in reanchor_on for r in step_ratios(Path(steps), prediction.costs)]
+    again = prediction.rescaled(ratios) if ratios and prediction.qps is not None else None
+    if again is not None:
+        cal.predicted_start_qps = cal.reanchored_qps = loadgen_double(again, 4)
+        said = (
+            f"re-anchored on the {len(ratios)} steps of this machine's latest runs ({statistics.median(ratios):.2f}x "
+            f"the model's, median): {again:.3f} QPS"
+        )
+        cal.predicted += f"; {said}"
+        print(f"calibrate {cfg.scenario}: {said}", flush=True)
     return prediction
 
 
@@ -223,9 +242,15 @@ class ReanchoredTrials:
 
 
 def runs_seconds(trials: LoadGenTrials, qps: float, dataset_size: int) -> float:
-    """The scenario's three runs at `qps` on its committed user.conf (the chain's estimate)."""
-    conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
-    return 60 * predicted_minutes(conf, trials.loadgen_model, dataset_size)
+    """The scenario's three runs at `qps` on its committed user.conf (the chain's estimate), and the
+    one rerun of its performance run at LATENCY_RERUN_SHARE of that rate that the chain allows: a
+    search that spends that time on one more trial up leaves an INVALID run no time to run again."""
+
+    def conf(rate: float) -> str:
+        return with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{rate:.4f}")
+
+    rerun = performance_seconds(conf(LATENCY_RERUN_SHARE * qps), trials.loadgen_model, dataset_size)
+    return 60 * predicted_minutes(conf(qps), trials.loadgen_model, dataset_size) + rerun
 
 
 def calibrated_user_conf(committed: Path, loadgen_model: str, target_qps: float) -> str:
@@ -249,6 +274,13 @@ def main() -> None:
         action="store_true",
         help="start the search at the capacity harness.predict predicts (profiles first)",
     )
+    parser.add_argument(
+        "--reanchor-on",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="with --predict: steps.json of this machine's latest runs, to start at the prediction re-anchored on them",
+    )
     parser.add_argument("--budget-min", type=float, help="minutes for the search and the scenario's runs after it")
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
@@ -271,7 +303,7 @@ def main() -> None:
         print(f"calibrate {args.scenario}: {cal.floors()}", flush=True)
         prediction = None
         if args.predict and not cal.reason:
-            prediction = predict_capacity(cal, engine, cfg, dataset, args.root)
+            prediction = predict_capacity(cal, engine, cfg, dataset, args.root, args.reanchor_on)
     finally:
         engine.close()
     out = cfg.log_dir.parent / "calibration"

@@ -42,6 +42,7 @@ class Query:
     ttft_ns: int
     latency_ns: int
     num_tokens: int | None = None  # from the accuracy log
+    scheduled_s: float | None = None  # when LoadGen scheduled it, from its trace's clock
     tokens: list[int] | None = None
 
     @property
@@ -152,7 +153,10 @@ def read_queries(folder: Path) -> list[Query]:
     if missing:
         raise RunLogError(f"{trace}: {len(missing)} queries have no first-token event (the first at {missing[0]} us)")
     queries = sorted(
-        (Query(seq, idx, first_tokens[ts], latency) for ts, (seq, idx, latency) in samples.items()),
+        (
+            Query(seq, idx, first_tokens[ts], latency, scheduled_s=float(ts) / 1e6)
+            for ts, (seq, idx, latency) in samples.items()
+        ),
         key=lambda q: q.sample_seq,
     )
     accuracy_log = folder / "mlperf_log_accuracy.json"

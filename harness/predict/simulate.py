@@ -71,6 +71,9 @@ class Engine:
     # slow stretches (a stall of the machine slows many steps running: drawn independently they
     # predicted a chain's Server capacity 15-28% high, in order 5-13%). Empty: the model's alone.
     cost_ratios: list[float] = field(default_factory=list)
+    # A run re-simulated (harness/measure/resimulate.py): its own steps' ratios from the first on,
+    # the simulated steps meeting the real ones in their order.
+    ratios_from_first: bool = False
 
 
 @dataclass
@@ -105,6 +108,8 @@ class Worker:
         self.speculates = config.speculative_config is not None and bool(engine.acceptance)
         self.batch, self.ends = None, math.inf
         self.next_ratio = draws.randrange(len(engine.cost_ratios)) if engine.cost_ratios else 0
+        if engine.ratios_from_first:
+            self.next_ratio = 0
         self.wanted: dict = {}  # request id -> tokens its answer has
         self.incoming: deque = deque()  # disaggregated decode side: arrived, not yet admitted
 
@@ -155,15 +160,20 @@ class Worker:
         return [EOS if have + i + 1 >= wanted else TOKEN for i in range(count)]
 
 
-def run(layout: Layout | Engine, arrivals_s: list[float], samples: list[int], workload: Workload, in_flight=None):
+def run(
+    layout: Layout | Engine, arrivals_s: list[float], samples: list[int], workload: Workload, in_flight=None, steps=None
+):
     """Each query's (arrival, admission to a scheduler, first token, completion) seconds and its
     output tokens, in arrival order.
     `in_flight`: a list to which each stretch of virtual time is appended as (seconds, requests in
-    the schedulers then)."""
+    the schedulers then). `steps`: a list to which each step's terms and seconds are appended, as a
+    real run logs them (harness/run.py's steps.json)."""
     layout = layout if isinstance(layout, Layout) else Layout([layout])
     draws = random.Random(DRAW_SEED)
     front = [Worker(e, draws) for e in layout.workers]
     back = [Worker(e, draws) for e in layout.decode]
+    for worker in front + back:
+        worker.scheduler.step_log = steps
     outstanding = [0] * len(front)  # replicas: prompt + max_tokens in flight; prefill workers: prompt tokens
     claimed = [0] * len(back)  # blocks on their way to each decode worker
     transfers: list = []  # heap of (arrival, query, decode worker, its sequence there, blocks claimed)

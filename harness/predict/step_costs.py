@@ -38,7 +38,7 @@ class StepCostModel:
 
     def describe(self) -> str:
         shown = [t for t in TERMS if self.seconds_per.get(t) or t != "draft_token"]
-        terms = ", ".join(f"{self.seconds_per[t] * 1e6:.4g} us/{UNITS[t]}" for t in shown)
+        terms = ", ".join(f"{self.seconds_per.get(t, 0.0) * 1e6:.4g} us/{UNITS[t]}" for t in shown)
         if self.acceptance:
             terms += ", drafts accepted " + "/".join(f"{a:.2f}" for a in self.acceptance)
         if self.transfer_s_per_block:
