@@ -90,7 +90,7 @@ class Calibration:
     # a rate the prediction expects to pass; a failed first trial at overload costs most.
     predicted_start_qps: float | None = None
     predicted_grow: float | None = None  # the bracket's step from that start
-    reanchored_qps: float | None = None  # the prediction re-anchored on earlier runs' steps: the start
+    reanchored_qps: float | None = None  # the prediction re-anchored on earlier runs' steps
     predicted: str = ""  # the prediction's account: its band and step costs, or why there is none
     reason: str = ""  # why the scenario is left out, when target_qps is None
     margin: str = MARGIN
@@ -186,8 +186,8 @@ def predict_capacity(
     (harness/predict) on step costs profiled on `engine`, the output lengths of the system's Offline
     accuracy run, and this run's LoadGen settings; or why there is none. With `reanchor_on` (the
     steps.json of this machine's latest runs), the search starts at the capacity simulated again
-    with the steps costing what those runs' steps cost against the model, in their order: the
-    machine as it is now, not as the quiet profile found it."""
+    with the steps costing what those runs' steps cost against the model, in their order (the
+    machine as it is now, not as the quiet profile found it), where that is lower."""
     try:
         say = lambda line: print(f"calibrate {cfg.scenario}: {line}", flush=True)  # noqa: E731
         prediction = predict_engine(engine, cfg, dataset, root, log=say)
@@ -202,7 +202,9 @@ def predict_capacity(
     ratios = [r for steps in reanchor_on for r in step_ratios(Path(steps), prediction.costs)]
     again = prediction.rescaled(ratios) if ratios and prediction.qps is not None else None
     if again is not None:
-        cal.predicted_start_qps = cal.reanchored_qps = loadgen_double(again, 4)
+        cal.reanchored_qps = loadgen_double(again, 4)
+        # Never above the band's low end: a failed first trial at overload costs the most.
+        cal.predicted_start_qps = min(cal.predicted_start_qps or again, cal.reanchored_qps)
         said = (
             f"re-anchored on the {len(ratios)} steps of this machine's latest runs ({statistics.median(ratios):.2f}x "
             f"the model's, median): {again:.3f} QPS"
