@@ -224,3 +224,47 @@ def test_with_predict_the_search_starts_at_the_predicted_capacity(chain, tmp_pat
         if not first["passed"]:  # down: by the re-anchored prediction where it is lower (at most MAX_DROP)
             want = max(min(first.get("hint_qps", math.inf), first["qps"] / grow), first["qps"] / MAX_DROP)
         assert second["qps"] == pytest.approx(want, rel=1e-3)
+
+
+FULL_RUN_CONF = SERVER_CONF + "llama3_1-8b.Server.min_duration = 60000\n"
+
+
+class KnownFullRuns(KnownCapacity):
+    """KnownCapacity's trials on a user.conf that a trial runs unshortened, each with a logs folder."""
+
+    def __init__(self, capacity, clock, folder):
+        super().__init__(capacity, clock)
+        self.conf_text, self.folder = FULL_RUN_CONF, folder
+
+    def __call__(self, qps):
+        trial = super().__call__(qps)
+        trial.logs = self.folder / f"{qps:.3f}qps"
+        return trial
+
+
+def test_a_demo_interactive_search_makes_its_highest_valid_trial_the_performance_run(tmp_path, monkeypatch):
+    """`--promote-trial`: the highest VALID trial, run on the committed user.conf with only
+    target_qps changed, is the performance run at its rate; a trial then needs time for the
+    accuracy and TEST06 runs alone, not for another performance run and its rerun."""
+    clock = [0.0]
+    monkeypatch.setattr("harness.measure.calibrate.time.perf_counter", lambda: clock[0])
+    cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
+    find_capacity(cal, KnownFullRuns(3.0, clock, tmp_path / "capacity"), 1.0, None, 100, promote=True)
+    assert cal.capacity_qps <= 3.0 < cal.failed_qps and cal.target_qps == cal.capacity_qps
+    assert cal.promoted == f"capacity/{cal.capacity_qps:.3f}qps"
+    assert "its VALID trial there the performance run" in cal.summary() and "performance run" in cal.margin
+    # A trial that would shorten the run (here: no min_duration committed, a trial caps it) is no
+    # performance run: the runs take RUN_SHARE as before.
+    cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
+    find_capacity(cal, KnownCapacity(3.0), 1.0, None, 100, promote=True)
+    assert cal.promoted is None and cal.target_qps == loadgen_double(RUN_SHARE * cal.capacity_qps, 4)
+    # The time a first trial needs: itself and the accuracy and TEST06 runs at its rate.
+    rate, trials = 2.0, KnownFullRuns(100.0, clock, tmp_path / "capacity")
+    conf = with_conf_value(FULL_RUN_CONF, "llama3_1-8b", "Server", "target_qps", f"{rate:.4f}")
+    just = trials.seconds(rate) + 60 * predicted_minutes(conf, "llama3_1-8b", 100)
+    just -= performance_seconds(conf, "llama3_1-8b", 100)
+    for promote, tried in ((True, True), (False, False)):
+        clock[0] = 0.0
+        cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
+        find_capacity(cal, trials, rate, just + 1, 100, promote=promote)
+        assert bool(cal.trials) == tried and (cal.trials[0]["qps"] == rate if tried else "would take" in cal.reason)

@@ -436,8 +436,8 @@ def test_every_layout_is_simulated_with_its_workers_settings():
 def test_the_chain_starts_at_the_prediction_re_anchored_on_its_latest_runs(tmp_path, monkeypatch):
     """`calibrate --reanchor-on`: the search's first rate is the capacity simulated with the steps
     costing what the latest runs' steps cost against the model (here twice: about half the
-    capacity at half the limits, as above); the chain gives Offline's steps for Server, Server's
-    trials' and performance run's for Interactive."""
+    capacity at half the limits, as above); the chain gives Server's trials' and performance run's
+    for Interactive, none for Server."""
     import harness.measure.calibrate as calibrate
     from compliance.loadgen_logs import STEPS_FILE
     from harness.predict.predictor import Prediction
@@ -459,7 +459,7 @@ def test_the_chain_starts_at_the_prediction_re_anchored_on_its_latest_runs(tmp_p
     for run in ("Offline/performance", "Server/calibration/capacity/01-9.0qps", "Server/performance"):
         (logs / run).mkdir(parents=True)
         write_steps(logs / run / STEPS_FILE, [(shape, 0.020)] * 50)
-    assert latest_steps(logs / "Server", "Server") == [logs / "Offline/performance" / STEPS_FILE]
+    assert latest_steps(logs / "Server", "Server") == []
     interactive = latest_steps(logs / "Interactive", "Interactive")
     assert interactive == [
         logs / run / STEPS_FILE for run in ("Server/calibration/capacity/01-9.0qps", "Server/performance")

@@ -603,3 +603,29 @@ def test_a_demo_interactive_run_invalid_with_no_time_to_rerun_is_left_out(chain,
     assert not failures and not (org / "results/tiny/tiny-llama/Interactive").exists()
     assert f"tiny-llama {record['summary']}\n" in (org / "documentation/README.md").read_text()
     assert check_tree(copy, demo=True).errors == []
+
+
+def test_a_promoted_trial_becomes_the_performance_run_as_it_ran(tmp_path):
+    """calibrate's `--promote-trial`: the chain copies the VALID trial's complete run to the
+    scenario's performance folder, where a reader trusts it as the run it was; a trial whose files
+    changed since is refused by name; without a promoted trial nothing is copied."""
+    from compliance.run_folder import RunFolder, RunFolderError, complete_run
+    from harness.submission import promoted_trial
+
+    logs = tmp_path / "Interactive"
+    trial = logs / "calibration/capacity/01-2.000qps"
+    writer = RunFolder(trial)
+    writer.open({"scenario": "Interactive"})
+    (trial / "mlperf_log_detail.txt").write_text("detail\n")
+    writer.complete("a trial")
+    assert promoted_trial(logs) is None  # no calibration.json yet
+    record = {"target_qps": 2.0, "promoted": "capacity/01-2.000qps", "summary": "s"}
+    (logs / "calibration/calibration.json").write_text(json.dumps(record))
+    said = promoted_trial(logs)
+    assert "trial at 2.0 QPS, VALID, is the performance run" in said
+    assert complete_run(logs / "performance")["status"] == "complete"
+    assert (logs / "performance/mlperf_log_detail.txt").read_text() == "detail\n"
+    shutil.rmtree(logs / "performance")
+    (trial / "mlperf_log_detail.txt").write_text("changed\n")
+    with pytest.raises(RunFolderError, match="01-2.000qps"):
+        promoted_trial(logs)

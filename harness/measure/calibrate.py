@@ -13,7 +13,7 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    scenario's committed user.conf with only target_qps changed and the run shortened where that is
    sound. With `--predict` (the chain's) it starts at the low end of the capacity harness/predict
    simulates for this engine (with `--reanchor-on`, re-anchored on the steps of this machine's
-   latest runs: the chain gives Offline's for Server, Server's for Interactive) and steps by its
+   latest runs: the chain gives Server's for Interactive) and steps by its
    `predicted_grow`, and a failed trial sends it down to
    the capacity simulated again on the step costs that trial's own steps measured, where that is
    lower than the next step down (ReanchoredTrials: a shared machine's speed moves by tens of
@@ -71,6 +71,10 @@ MARGIN = (
     f"the runs take {RUN_SHARE:.0%} of the highest VALID rate, as a search's runs near the edge pass or fail by "
     "chance: measurements/README.md, 'At the capacity', gives the spread measured"
 )
+PROMOTED = (
+    "the highest VALID trial is the performance run, at its rate: a demo's Interactive has no time for another "
+    "460-query run after its search (harness/measure/calibrate.py find_capacity)"
+)
 
 
 @dataclass
@@ -91,6 +95,7 @@ class Calibration:
     predicted_start_qps: float | None = None
     predicted_grow: float | None = None  # the bracket's step from that start
     reanchored_qps: float | None = None  # the prediction re-anchored on earlier runs' steps
+    promoted: str | None = None  # with --promote-trial: the VALID trial that is the performance run
     predicted: str = ""  # the prediction's account: its band and step costs, or why there is none
     reason: str = ""  # why the scenario is left out, when target_qps is None
     margin: str = MARGIN
@@ -105,10 +110,12 @@ class Calibration:
         if self.target_qps is None:
             return f"{self.scenario}: left out: {self.reason} ({self.floors()})"
         predicted = f"; predicted before the search: {self.predicted}" if self.predicted else ""
-        return (
-            f"{self.scenario}: target_qps {self.target_qps:.3f}, {RUN_SHARE:.0%} of the capacity LoadGen runs "
-            f"found: {self.search}{predicted}; {self.floors()}"
+        share = (
+            f"the capacity LoadGen runs found, its VALID trial there the performance run ({self.promoted})"
+            if self.promoted
+            else f"{RUN_SHARE:.0%} of the capacity LoadGen runs found"
         )
+        return f"{self.scenario}: target_qps {self.target_qps:.3f}, {share}: {self.search}{predicted}; {self.floors()}"
 
 
 def _floors(engine, prompts, params) -> tuple[float, float]:
@@ -151,17 +158,32 @@ def measure_floors(engine, prompts, params, scenario: str, ttft_limit_ms: float,
 
 
 def find_capacity(
-    cal: Calibration, trials: LoadGenTrials, start_qps: float, budget_s: float | None, dataset_size: int
+    cal: Calibration,
+    trials: LoadGenTrials,
+    start_qps: float,
+    budget_s: float | None,
+    dataset_size: int,
+    promote: bool = False,
 ) -> None:
     """Steps 2 and 3 into `cal`: the search over `trials` from `start_qps`; with `budget_s`, no trial
-    that would leave too little time for the scenario's runs at RUN_SHARE of its rate."""
+    that would leave too little time for the scenario's runs at RUN_SHARE of its rate. With
+    `promote` (a demo's Interactive, whose 460-query runs at 1-3 QPS take minutes each), the highest
+    VALID trial is the performance run, where it is one in all but its folder (the committed
+    user.conf with target_qps alone changed): the runs take its rate, and a trial need leave time
+    only for the accuracy and TEST06 runs."""
     spent = time.perf_counter()
+    promote = promote and all(full_run(trials, q) for q in (start_qps, 2 * start_qps))
 
     def affordable(qps: float) -> str | None:
         if budget_s is None:
             return None
         left = budget_s - (time.perf_counter() - spent)
-        need = trials.seconds(qps) + runs_seconds(trials, RUN_SHARE * qps, dataset_size)
+        after = runs_seconds(trials, RUN_SHARE * qps, dataset_size)
+        if promote:
+            conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
+            after = 60 * predicted_minutes(conf, trials.loadgen_model, dataset_size)
+            after -= performance_seconds(conf, trials.loadgen_model, dataset_size)
+        need = trials.seconds(qps) + after
         if need <= left:
             return None
         return (
@@ -175,8 +197,25 @@ def find_capacity(
     cal.capacity_qps, cal.failed_qps = found.passed_qps, found.failed_qps
     if found.passed_qps is None:
         cal.reason = f"no LoadGen run met the limits: {found.summary()}"
+    elif promote:
+        cal.target_qps = found.passed_qps
+        best = max((t for t in found.trials if t.passed), key=lambda t: t.qps)
+        cal.promoted = str(best.logs.relative_to(trials.folder.parent)) if best.logs else None
+        cal.margin = PROMOTED
     else:
         cal.target_qps = loadgen_double(RUN_SHARE * found.passed_qps, 4)  # as the user.conf and LoadGen's log have it
+
+
+def full_run(trials: LoadGenTrials, qps: float) -> bool:
+    """Whether a trial at `qps` runs exactly what the scenario's performance run at that rate does:
+    the committed user.conf with target_qps alone changed (no shortening)."""
+
+    def settings(text: str) -> list[str]:
+        return sorted(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+    rate = f"{loadgen_double(qps, 4):.4f}"
+    committed = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", rate)
+    return settings(trials.conf(qps)) == settings(committed)
 
 
 def predict_capacity(
@@ -284,6 +323,9 @@ def main() -> None:
         help="with --predict: steps.json of this machine's latest runs, to start at the prediction re-anchored on them",
     )
     parser.add_argument("--budget-min", type=float, help="minutes for the search and the scenario's runs after it")
+    parser.add_argument(
+        "--promote-trial", action="store_true", help="the highest VALID trial is the performance run (find_capacity)"
+    )
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
     from sut import SaafError, SamplingParams, make_engine
@@ -340,7 +382,7 @@ def main() -> None:
             budget = None if args.budget_min is None else args.budget_min * 60
             if prediction is not None and prediction.qps is not None:
                 trials = ReanchoredTrials(trials, prediction)
-            find_capacity(cal, trials, start, budget, len(dataset))
+            find_capacity(cal, trials, start, budget, len(dataset), args.promote_trial)
         except CapacityError as e:
             sys.exit(f"error: calibrate: {e}")
     record = {**asdict(cal), "summary": cal.summary(), "method": METHOD}

@@ -263,14 +263,15 @@ def latencies_ns(queries) -> tuple[list[int], list[int]]:
 def server_run(layout, workload: Workload, target_qps: float, schedule: dict, limits_ms: tuple) -> dict:
     """A simulated run at `target_qps` as LoadGen's detail log would have it. `schedule`: the run's
     schedule_rng_seed, sample_index_rng_seed, min_duration_ms and min_query_count (or
-    `queries_at`, a function of the rate: the report's trials), and `percentiles_only` where a
-    run is judged by its p99s alone (the report's short trials), not by early stopping."""
+    `queries_at`, a function of the rate: the report's trials), `percentiles_only` where a run is
+    judged by its p99s alone (the report's short trials), not by early stopping, and
+    `sample_draws` where not SAMPLE_DRAWS (one, where every sample is alike)."""
     queries_at = schedule.get("queries_at")
     count = queries_at(target_qps) if queries_at else schedule["min_query_count"]
     duration = 0 if queries_at else schedule["min_duration_ms"]
     times_ns, _ = server_schedule(target_qps, schedule["schedule_rng_seed"], duration, count)
     results = []
-    for draw in range(SAMPLE_DRAWS):
+    for draw in range(schedule.get("sample_draws", SAMPLE_DRAWS)):
         rng = random.Random(f"{schedule['sample_index_rng_seed']}/{draw}")
         samples = [rng.randrange(len(workload.prompts)) for _ in times_ns]
         ttft, tpot = latencies_ns(run(layout, [t / 1e9 for t in times_ns], samples, workload))

@@ -25,6 +25,8 @@ def step_terms(batch) -> dict[str, float]:
         "decode_token": float(sum(n for _, n, prefill, _ in rows if not prefill)),
         "draft_token": float(sum(d for *_, d in rows)),
         "attention": sum(n * (s.num_computed_tokens + (n + 1) / 2) for s, n, _, _ in rows),
+        # Not a fitted term: the K/V the decoding rows read, for a data sheet's roofline (harness/predict/rigs.py).
+        "decode_context": float(sum(s.num_computed_tokens + n for s, n, prefill, _ in rows if not prefill)),
     }
 
 
