@@ -19,6 +19,7 @@ a GPU (`make gpu-check`), a model fitted on them replaces this one; none has yet
 import argparse
 import dataclasses
 import json
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -293,13 +294,13 @@ def write_user_conf(p: RigPrediction, root: Path, commit: str) -> None:
     path = root / "measurements" / f"8x{p.rig}" / p.benchmark / p.scenario / "user.conf"
     what = "the samples/s" if p.scenario == "Offline" else "the low end of the band of the capacity"
     said = (
-        f"# 8x{p.rig}, {p.benchmark} {p.scenario}: target_qps PREDICTED, not measured (the engine has not\n"
-        f"# run on this rig): `python -m harness.predict.rigs --write-user-conf` at {commit}: {p.replicas}\n"
-        f"# replicas x {what} predicted for one, from the {GPUS[p.rig].name} data sheet, and the\n"
-        "# efficiency factors and mean request in measurements/rig-predictions.md. Its step costs, with\n"
-        f"# {p.dtype} weights: {p.costs}.\n"
-        "# `make submission` searches Server's and Interactive's capacity from a prediction made on the rig.\n"
+        f"8x{p.rig}, {p.benchmark} {p.scenario}: target_qps PREDICTED, not measured (the engine has not run on this "
+        f"rig): `python -m harness.predict.rigs --write-user-conf` at {commit}: {p.replicas} replicas x {what} "
+        f"predicted for one, from the {GPUS[p.rig].name} data sheet and the efficiency factors and mean request "
+        f"of measurements/rig-predictions.md; its step costs with {p.dtype} weights: {p.costs}. `make submission` "
+        "searches Server's and Interactive's capacity from a prediction made on the rig."
     )
+    said = "".join(f"# {line}\n" for line in textwrap.wrap(said, 98))
     body = "".join(line + "\n" for line in path.read_text().splitlines() if not line.startswith("#"))
     conf_scenario = "Offline" if p.scenario == "Offline" else "Server"
     loadgen_model = BENCHMARKS[p.benchmark].loadgen_name(p.scenario)
