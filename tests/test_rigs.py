@@ -4,7 +4,18 @@ bandwidth-bound engine its share more."""
 
 import pytest
 
-from harness.predict.rigs import EFFICIENCY, GPUS, MODELS, TRAFFIC, offline_rate, replica_engine, roofline_costs
+from harness.predict.rigs import (
+    EFFICIENCY,
+    GPUS,
+    MODELS,
+    TRAFFIC,
+    Placement,
+    offline_rate,
+    placement,
+    placement_row,
+    replica_engine,
+    roofline_costs,
+)
 from systems.schema import System
 
 
@@ -42,3 +53,27 @@ def test_a_faster_memory_serves_offline_faster_by_at_most_its_bandwidth():
         assert replicas == 8 and engine.config.max_num_seqs == 256
         rates[rig] = offline_rate(engine, TRAFFIC["llama3.1-8b"], queries=600)
     assert 1.0 < rates["H200-SXM-141GB"] / rates["H100-SXM-80GB"] <= 4.8 / 3.35 + 1e-6
+
+
+def test_a_split_serves_what_the_lower_of_its_two_pools_does():
+    found = Placement(gpus=8, prefill_per_gpu=40.0, decode_per_gpu=10.0, colocated_per_gpu=9.0)
+    splits = found.splits()
+    assert splits[0] == (2, 6, 60.0) and len(splits) == 7  # 2 x 40 = 80 prefill, 6 x 10 = 60 decode
+    assert all(q == min(p * 40.0, d * 10.0) for p, d, q in splits)
+    assert [q for *_, q in splits] == sorted((q for *_, q in splits), reverse=True)
+    assert Placement(8, None, 10.0, 9.0).splits() == []
+    assert "2P + 6D: 60.0 QPS (0.83x colocated 72.0)" in placement_row(found)
+
+
+def test_each_phase_alone_is_simulated_at_its_own_limit(monkeypatch):
+    """On a short simulated run: a GPU that only prefills serves more prompts at the TTFT limit than
+    one that also decodes them, and a colocated GPU's capacity stays under the pools' combined."""
+    import harness.predict.rigs as rigs
+
+    monkeypatch.setattr(rigs, "SIM_DURATION_MS", 10_000)
+    monkeypatch.setattr(rigs, "SIM_QUERIES", 200)
+    found = placement("H200-SXM-141GB", "llama3.1-8b", "Server", "fp8")
+    assert found.gpus == 8 and found.prefill_per_gpu > found.colocated_per_gpu > 0
+    assert found.decode_per_gpu > 0
+    best = found.splits()[0]
+    assert best[0] + best[1] == 8 and best[2] == min(best[0] * found.prefill_per_gpu, best[1] * found.decode_per_gpu)

@@ -3,22 +3,24 @@ bandwidth, dense tensor peak) times stated efficiency factors, as a roofline (a 
 weights and the decoding rows' KV cache, and computes its tokens' GEMMs and attention: it costs the
 longer of the two, plus a fixed host time per step); then the same simulation as on the CPU demo
 (harness/predict/simulate.py: the engine's own scheduler at the rig's engine settings, LoadGen's
-arrivals and verdict) for one GPU's replica at its share of the load.
+arrivals and p99s) for one GPU's replica at its share of the load.
 
-    python -m harness.predict.rigs [--out measurements/rig-predictions.md] [--write-user-conf]
+    python -m harness.predict.rigs [--rigs ...] [--dtypes ...] [--json F] [--write-user-conf]
+    python -m harness.predict.rigs --placement    # DistServe's: prefill and decode GPUs per rig
 
-What it assumes, each said in its output: every request has the benchmark's mean prompt and mean
-answer (the published means, not the distribution); one data-parallel replica takes 1/N of a
+What it assumes, each said in measurements/rig-predictions.md: every request has the benchmark's
+mean prompt and mean answer (not their distribution); one data-parallel replica takes 1/N of a
 Poisson stream (LoadGen's arrivals split at random; the pool's least-outstanding routing does
-better, so this is conservative); a simulated Server run of SIM_QUERIES queries judged by its p99s
-alone (the official run is 10 minutes of them under early stopping). The data-sheet model's
-error band is the efficiency factors' stated spread. Where gpu-check has measured engine steps on
-a GPU (`make gpu-check`), a model fitted on them replaces this one; none has yet.
+better, so this is conservative); a simulated Server run of two minutes of arrivals judged by its
+p99s alone (the official run is ten minutes under early stopping). The band is the efficiency
+factors' stated spread. Step costs fitted on a GPU's measured engine steps (gpu-check's) would
+replace the data sheet's; no GPU has run gpu-check, so that path is not built.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -217,6 +219,57 @@ def p99s(engine: Engine, traffic: Traffic, qps: float) -> tuple[float, float]:
     return percentile(ttft) / 1e6, percentile(tpot) / 1e6
 
 
+# NVLink 4 on H100 and H200 SXM: 900 GB/s a GPU, both directions together (the data sheets): a KV
+# handoff from a prefill GPU to a decode GPU at half, at the bandwidth efficiency.
+NVLINK_BYTES_PER_S = 450e9
+NO_LIMIT_MS = 1e9  # a phase simulated alone is judged by its own limit only
+
+
+@dataclass
+class Placement:
+    """DistServe's question for one rig: of its GPUs, how many prefill and how many decode, for the
+    scenario's limits; each phase's capacity per GPU simulated alone (prefill at the TTFT limit,
+    answers of one token; decode at the TPOT limit, prompts handed over at NVLink's rate), a split's
+    capacity the lower of its two pools'."""
+
+    gpus: int
+    prefill_per_gpu: float | None
+    decode_per_gpu: float | None
+    colocated_per_gpu: float | None
+
+    def splits(self) -> list[tuple[int, int, float]]:
+        """(prefill GPUs, decode GPUs, QPS) for every split, best first."""
+        if not self.prefill_per_gpu or not self.decode_per_gpu:
+            return []
+        found = [
+            (p, self.gpus - p, min(p * self.prefill_per_gpu, (self.gpus - p) * self.decode_per_gpu))
+            for p in range(1, self.gpus)
+        ]
+        return sorted(found, key=lambda split: -split[2])
+
+
+def placement(rig: str, benchmark: str, scenario: str, dtype: str, root: Path = REPO) -> Placement:
+    system = System.load(f"8x{rig}", root)
+    tp = system.engine_settings(scenario, benchmark).get("tensor_parallel_size", 1)
+    costs = roofline_costs(GPUS[rig], MODELS[benchmark], dtype, tp)
+    engine, replicas = replica_engine(system, benchmark, scenario, costs)
+    traffic = TRAFFIC[benchmark]
+    ttft, tpot = BENCHMARKS[benchmark].latency_limits_ms[scenario]
+    schedule = {"schedule_rng_seed": SEED, "sample_index_rng_seed": SEED, "min_duration_ms": SIM_DURATION_MS}
+    schedule |= {"min_query_count": SIM_QUERIES, "percentiles_only": True, "sample_draws": 1}
+    prompt = [[0] * traffic.prompt_tokens]
+    start = offline_rate(engine, traffic, SIM_QUERIES)
+    prefill, _ = capacity(Layout([engine]), Workload(prompt, [1]), schedule, (ttft, NO_LIMIT_MS), start)
+    # The decode pool alone: prompts ready at once (a prefill costing nothing), handed over per block.
+    nothing = dataclasses.replace(costs, weight_bytes=0.0, host_s=0.0, compute=math.inf)
+    instant = Engine(engine.config, engine.num_blocks, nothing, engine.max_tokens)
+    block = costs.kv_bytes_per_token * engine.config.block_size / (NVLINK_BYTES_PER_S * EFFICIENCY.bandwidth)
+    layout = Layout([instant], [engine], block)
+    decode, _ = capacity(layout, Workload(prompt, [traffic.answer_tokens]), schedule, (NO_LIMIT_MS, tpot), start)
+    colocated, _ = capacity(Layout([engine]), Workload(prompt, [traffic.answer_tokens]), schedule, (ttft, tpot), start)
+    return Placement(replicas * tp, prefill, decode, colocated)
+
+
 # MLPerf's published per-GPU output tokens/s for the same benchmark (../shared/docs/v61-models.md,
 # table 1a: the system's tokens/s over its accelerators), to set the predictions beside.
 PUBLISHED = {
@@ -307,6 +360,30 @@ def write_user_conf(p: RigPrediction, root: Path, commit: str) -> None:
     path.write_text(said + with_conf_value(body, loadgen_model, conf_scenario, "target_qps", f"{low * p.replicas:.1f}"))
 
 
+def placement_row(found: Placement) -> str:
+    """The placement table's cells after the configuration's: per-GPU capacities, the best split."""
+    splits = found.splits()
+    colocated = (found.colocated_per_gpu or 0) * found.gpus
+    each = f"{found.prefill_per_gpu or 0:.1f} / {found.decode_per_gpu or 0:.1f} / {found.colocated_per_gpu or 0:.1f}"
+    if not splits:
+        return f"{each} | none | |"
+    (p, d, qps), others = splits[0], splits[1:4]
+    versus = f" ({qps / colocated:.2f}x colocated {colocated:.1f})" if colocated else ""
+    return f"{each} | {p}P + {d}D: {qps:.1f} QPS{versus} | " + ", ".join(f"{a}P+{b}D {q:.1f}" for a, b, q in others)
+
+
+def print_placements(args) -> None:
+    print("| rig | benchmark | scenario | weights | per GPU: prefill / decode / colocated QPS | best split | next |")
+    print("|---|---|---|---|---|---|---|")
+    for rig in args.rigs:
+        system = System.load(f"8x{rig}", args.root)
+        for benchmark in args.benchmarks:
+            for scenario in (s for s in system.scenarios if s != "Offline"):
+                for dtype in args.dtypes:
+                    found = placement(rig, benchmark, scenario, dtype, args.root)
+                    print(f"| {rig} | {benchmark} | {scenario} | {dtype} | {placement_row(found)} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rigs", nargs="*", default=list(GPUS))
@@ -316,9 +393,16 @@ def main() -> None:
     parser.add_argument(
         "--write-user-conf", action="store_true", help="set measurements/<rig>/ target_qps to the system dtype's"
     )
+    parser.add_argument(
+        "--placement", action="store_true", help="DistServe's: the best prefill/decode split of each rig's GPUs instead"
+    )
     parser.add_argument("--root", type=Path, default=REPO)
     args = parser.parse_args()
     from harness.run import code_commit
+
+    if args.placement:
+        print_placements(args)
+        return
 
     commit = code_commit()
     rows = []
