@@ -14,7 +14,8 @@ Interactive when its runs would take the chain past DEMO_BUDGET_MIN (Server cove
 (a machine faster than the committed target_qps assumes) is run again at the rate it measured
 (`offline_rate`), and that scenario's other runs take the same user.conf; a latency scenario's
 performance run that LoadGen finds INVALID runs again once at a lower rate (`latency_rerun`), where
-the demo's budget allows.
+the demo's budget allows. A demo's Interactive makes its highest VALID trial the performance run
+instead (calibrate's `--promote-trial`, `promoted_trial`): its 460-query runs take minutes each.
 
     python -m harness.submission --system cpu-demo [--benchmarks llama3.1-8b]
 """
