@@ -167,7 +167,7 @@ def find_capacity(
 ) -> None:
     """Steps 2 and 3 into `cal`: the search over `trials` from `start_qps`; with `budget_s`, no trial
     that would leave too little time for the scenario's runs at RUN_SHARE of its rate. With
-    `promote` (a demo's Interactive, whose 460-query runs at 1-3 QPS take minutes each), the highest
+    `promote` (a demo's Interactive, whose 460-query runs take minutes each on 2 cores), the highest
     VALID trial is the performance run, where it is one in all but its folder (the committed
     user.conf with target_qps alone changed): the runs take its rate, and a trial need leave time
     only for the accuracy and TEST06 runs."""
