@@ -37,7 +37,7 @@ from compliance.loadgen_logs import STEPS_FILE, read_detail_log
 from compliance.package import BASE_MODES, PackagingError, load_calibration, package, run_modes
 from compliance.run_folder import FolderLock, RunFolderError, clear_build_folder, complete_run
 from harness.commands import harness_command, root_args
-from harness.measure.estimates import LATENCY_RERUN_SHARE, performance_seconds, predicted_minutes
+from harness.measure.estimates import LATENCY_RERUN_SHARE, accuracy_and_test06_seconds, predicted_minutes
 from systems.benchmarks import BENCHMARKS, loadgen_double, with_conf_value
 from systems.paths import build_dir, committed_user_conf, logs_dir, scenario_logs, submission_dir
 from systems.schema import REPO, System, SystemConfigError
@@ -181,9 +181,11 @@ def past_budget(
     """How a demo chain's latency scenario at the target_qps of `user_conf` (`loadgen_model`'s Server
     settings) would overrun DEMO_BUDGET_MIN after `elapsed_min`, or None when it would not; without
     `performance`, its accuracy and TEST06 runs alone (a search's trial is its performance run)."""
-    minutes = predicted_minutes(user_conf, loadgen_model, dataset_size)
-    if not performance:
-        minutes -= performance_seconds(user_conf, loadgen_model, dataset_size) / 60
+    minutes = (
+        predicted_minutes(user_conf, loadgen_model, dataset_size)
+        if performance
+        else accuracy_and_test06_seconds(user_conf, loadgen_model, dataset_size) / 60
+    )
     if elapsed_min + minutes <= DEMO_BUDGET_MIN:
         return None
     return (

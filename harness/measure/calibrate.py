@@ -51,7 +51,12 @@ from compliance.loadgen_logs import STEPS_FILE
 from harness.commands import harness_command
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import CapacityError, LoadGenTrials, Trial, search_capacity
-from harness.measure.estimates import LATENCY_RERUN_SHARE, performance_seconds, predicted_minutes
+from harness.measure.estimates import (
+    LATENCY_RERUN_SHARE,
+    accuracy_and_test06_seconds,
+    performance_seconds,
+    predicted_minutes,
+)
 from harness.predict.predictor import PredictError, Prediction, predict_engine
 from harness.predict.step_costs import step_ratios
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
@@ -172,7 +177,7 @@ def find_capacity(
     user.conf with target_qps alone changed): the runs take its rate, and a trial need leave time
     only for the accuracy and TEST06 runs."""
     spent = time.perf_counter()
-    promote = promote and all(full_run(trials, q) for q in (start_qps, 2 * start_qps))
+    promote = promote and full_run(trials, start_qps)  # a trial's other settings do not depend on its rate
 
     def affordable(qps: float) -> str | None:
         if budget_s is None:
@@ -181,8 +186,7 @@ def find_capacity(
         after = runs_seconds(trials, RUN_SHARE * qps, dataset_size)
         if promote:
             conf = with_conf_value(trials.conf_text, trials.loadgen_model, "Server", "target_qps", f"{qps:.4f}")
-            after = 60 * predicted_minutes(conf, trials.loadgen_model, dataset_size)
-            after -= performance_seconds(conf, trials.loadgen_model, dataset_size)
+            after = accuracy_and_test06_seconds(conf, trials.loadgen_model, dataset_size)
         need = trials.seconds(qps) + after
         if need <= left:
             return None

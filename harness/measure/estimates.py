@@ -26,11 +26,16 @@ def performance_seconds(user_conf: str, loadgen_model: str, default_queries: int
     return max(int(duration) / 1000 if duration else 0.0, arrivals) + RUN_START_S
 
 
+def accuracy_and_test06_seconds(user_conf: str, loadgen_model: str, dataset_size: int) -> float:
+    """How long a latency scenario's accuracy run (the whole dataset) and TEST06 (its queries) take
+    at the target_qps of `user_conf`, each arriving at that rate, and each run's start."""
+    qps = float(conf_value(user_conf, loadgen_model, "Server", "target_qps"))
+    return (dataset_size + TEST06_QUERIES) / qps + 2 * RUN_START_S
+
+
 def predicted_minutes(user_conf: str, loadgen_model: str, dataset_size: int) -> float:
     """How long a latency scenario's three runs take at the target_qps of `user_conf` (its text;
     `loadgen_model`'s Server settings): the performance run (`performance_seconds`, the dataset's
-    size of queries where it sets none), the accuracy run's whole dataset and TEST06's queries,
-    each arriving at that rate, and each run's start."""
-    qps = float(conf_value(user_conf, loadgen_model, "Server", "target_qps"))
+    size of queries where it sets none), then its accuracy and TEST06 runs."""
     performance = performance_seconds(user_conf, loadgen_model, dataset_size)
-    return (performance + (dataset_size + TEST06_QUERIES) / qps + 2 * RUN_START_S) / 60
+    return (performance + accuracy_and_test06_seconds(user_conf, loadgen_model, dataset_size)) / 60

@@ -163,6 +163,10 @@ class Traffic:
     prompt_tokens: int
     answer_tokens: int
 
+    def workload(self, answer_tokens: int | None = None) -> Workload:
+        """Every request this one, its answer `answer_tokens` long where given."""
+        return Workload([[0] * self.prompt_tokens], [answer_tokens or self.answer_tokens])
+
 
 # llama3.1-8b's answers: 128.0 tokens a sample in published Offline runs (tokens/s over samples/s,
 # mlcommons/inference_results_v5.1 closed/HPE/results/HPE_Cray_XD670_H200_SXM_141GBx8_TRT and
@@ -173,6 +177,15 @@ class Traffic:
 TRAFFIC = {
     "llama3.1-8b": Traffic(prompt_tokens=1000, answer_tokens=128),
 }
+
+
+def rig_replica(rig: str, benchmark: str, scenario: str, dtype: str, root: Path = REPO):
+    """(step costs, one replica's engine, replicas, GPUs a replica) of rig `rig` for `benchmark` and
+    `scenario`, its weights in `dtype`."""
+    system = System.load(f"8x{rig}", root)
+    tp = system.engine_settings(scenario, benchmark).get("tensor_parallel_size", 1)
+    costs = roofline_costs(GPUS[rig], MODELS[benchmark], dtype, tp)
+    return (costs, *replica_engine(system, benchmark, scenario, costs), tp)
 
 
 def replica_engine(system: System, benchmark: str, scenario: str, costs: RooflineCosts) -> tuple[Engine, int]:
@@ -189,17 +202,21 @@ def replica_engine(system: System, benchmark: str, scenario: str, costs: Rooflin
 
 def offline_rate(engine: Engine, traffic: Traffic, queries: int) -> float:
     """Samples per second of one replica given `queries` at once (Offline's schedule)."""
-    workload = Workload([[0] * traffic.prompt_tokens], [traffic.answer_tokens])
+    workload = traffic.workload()
     done = run(Layout([engine]), [0.0] * queries, [0] * queries, workload)
     return queries / max(end for *_, end, _ in done)
+
+
+def simulated_schedule() -> dict:
+    """A simulated Server run's LoadGen settings: SIM_DURATION_MS of arrivals, judged by its p99s."""
+    schedule = {"schedule_rng_seed": SEED, "sample_index_rng_seed": SEED, "min_duration_ms": SIM_DURATION_MS}
+    return schedule | {"min_query_count": SIM_QUERIES, "percentiles_only": True, "sample_draws": 1}
 
 
 def latency_capacity(engine: Engine, traffic: Traffic, limits_ms: tuple, start_qps: float) -> tuple:
     """(capacity, low, high) of one replica at `limits_ms`: the highest rate whose simulated run's
     p99s meet them, and the same with every step costing the band's more and less."""
-    workload = Workload([[0] * traffic.prompt_tokens], [traffic.answer_tokens])
-    schedule = {"schedule_rng_seed": SEED, "sample_index_rng_seed": SEED, "min_duration_ms": SIM_DURATION_MS}
-    schedule |= {"min_query_count": SIM_QUERIES, "percentiles_only": True, "sample_draws": 1}
+    workload, schedule = traffic.workload(), simulated_schedule()
     found = []
     for scale in (1.0, 1 + engine.costs.median_error, 1 - engine.costs.median_error):
         layout = Layout([engine]).scaled(scale)
@@ -214,7 +231,7 @@ def p99s(engine: Engine, traffic: Traffic, qps: float) -> tuple[float, float]:
     from harness.predict.verdict import percentile
 
     times, _ = server_schedule(qps, SEED, SIM_DURATION_MS, SIM_QUERIES)
-    workload = Workload([[0] * traffic.prompt_tokens], [traffic.answer_tokens])
+    workload = traffic.workload()
     ttft, tpot = latencies_ns(run(Layout([engine]), [t / 1e9 for t in times], [0] * len(times), workload))
     return percentile(ttft) / 1e6, percentile(tpot) / 1e6
 
@@ -249,24 +266,18 @@ class Placement:
 
 
 def placement(rig: str, benchmark: str, scenario: str, dtype: str, root: Path = REPO) -> Placement:
-    system = System.load(f"8x{rig}", root)
-    tp = system.engine_settings(scenario, benchmark).get("tensor_parallel_size", 1)
-    costs = roofline_costs(GPUS[rig], MODELS[benchmark], dtype, tp)
-    engine, replicas = replica_engine(system, benchmark, scenario, costs)
-    traffic = TRAFFIC[benchmark]
+    costs, engine, replicas, tp = rig_replica(rig, benchmark, scenario, dtype, root)
+    traffic, schedule = TRAFFIC[benchmark], simulated_schedule()
     ttft, tpot = BENCHMARKS[benchmark].latency_limits_ms[scenario]
-    schedule = {"schedule_rng_seed": SEED, "sample_index_rng_seed": SEED, "min_duration_ms": SIM_DURATION_MS}
-    schedule |= {"min_query_count": SIM_QUERIES, "percentiles_only": True, "sample_draws": 1}
-    prompt = [[0] * traffic.prompt_tokens]
     start = offline_rate(engine, traffic, SIM_QUERIES)
-    prefill, _ = capacity(Layout([engine]), Workload(prompt, [1]), schedule, (ttft, NO_LIMIT_MS), start)
+    prefill, _ = capacity(Layout([engine]), traffic.workload(1), schedule, (ttft, NO_LIMIT_MS), start)
     # The decode pool alone: prompts ready at once (a prefill costing nothing), handed over per block.
     nothing = dataclasses.replace(costs, weight_bytes=0.0, host_s=0.0, compute=math.inf)
     instant = Engine(engine.config, engine.num_blocks, nothing, engine.max_tokens)
     block = costs.kv_bytes_per_token * engine.config.block_size / (NVLINK_BYTES_PER_S * EFFICIENCY.bandwidth)
     layout = Layout([instant], [engine], block)
-    decode, _ = capacity(layout, Workload(prompt, [traffic.answer_tokens]), schedule, (NO_LIMIT_MS, tpot), start)
-    colocated, _ = capacity(Layout([engine]), Workload(prompt, [traffic.answer_tokens]), schedule, (ttft, tpot), start)
+    decode, _ = capacity(layout, traffic.workload(), schedule, (NO_LIMIT_MS, tpot), start)
+    colocated, _ = capacity(Layout([engine]), traffic.workload(), schedule, (ttft, tpot), start)
     return Placement(replicas * tp, prefill, decode, colocated)
 
 
@@ -303,10 +314,7 @@ class RigPrediction:
 
 
 def predict_rig(rig: str, benchmark: str, scenario: str, dtype: str, root: Path = REPO) -> RigPrediction:
-    system = System.load(f"8x{rig}", root)
-    tp = system.engine_settings(scenario, benchmark).get("tensor_parallel_size", 1)
-    costs = roofline_costs(GPUS[rig], MODELS[benchmark], dtype, tp)
-    engine, replicas = replica_engine(system, benchmark, scenario, costs)
+    costs, engine, replicas, _ = rig_replica(rig, benchmark, scenario, dtype, root)
     traffic = TRAFFIC[benchmark]
     # Offline issues the dataset once, its queries shared by the replicas.
     offline = offline_rate(engine, traffic, -(-BENCHMARKS[benchmark].dataset_size // replicas))
