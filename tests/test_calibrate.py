@@ -24,7 +24,7 @@ from harness.measure.calibrate import (
     find_capacity,
     measure_floors,
 )
-from harness.measure.capacity import MAX_DROP, LoadGenTrials, Trial
+from harness.measure.capacity import LoadGenTrials, Trial
 from harness.measure.estimates import performance_seconds, predicted_minutes
 from harness.submission import interactive_past_budget, past_budget
 from sut import LLMEngine, SamplingParams
@@ -221,8 +221,8 @@ def test_with_predict_the_search_starts_at_the_predicted_capacity(chain, tmp_pat
     if len(cal["trials"]) > 1:  # from a prediction the bracket steps by predicted_grow, not GROW
         first, second = cal["trials"][:2]
         want = first["qps"] * grow
-        if not first["passed"]:  # down: by the re-anchored prediction where it is lower (at most MAX_DROP)
-            want = max(min(first.get("hint_qps", math.inf), first["qps"] / grow), first["qps"] / MAX_DROP)
+        if not first["passed"]:  # down: by the re-anchored prediction where it is lower (one more step at most)
+            want = max(min(first.get("hint_qps", math.inf), first["qps"] / grow), first["qps"] / grow**2)
         assert second["qps"] == pytest.approx(want, rel=1e-3)
 
 
@@ -249,8 +249,9 @@ def test_a_demo_interactive_search_makes_its_highest_valid_trial_the_performance
     clock = [0.0]
     monkeypatch.setattr("harness.measure.calibrate.time.perf_counter", lambda: clock[0])
     cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
-    find_capacity(cal, KnownFullRuns(3.0, clock, tmp_path / "capacity"), 1.0, None, 100, promote=True)
+    find_capacity(cal, KnownFullRuns(3.0, clock, tmp_path / "capacity"), 2.0, None, 100, promote=True)
     assert cal.capacity_qps <= 3.0 < cal.failed_qps and cal.target_qps == cal.capacity_qps
+    assert cal.trials[0]["qps"] == RUN_SHARE * 2.0  # a first trial that is the run takes the run's margin
     assert cal.promoted == f"capacity/{cal.capacity_qps:.3f}qps"
     assert "its VALID trial there the performance run" in cal.summary() and "performance run" in cal.margin
     # A trial that would shorten the run (here: no min_duration committed, a trial caps it) is no
@@ -258,13 +259,14 @@ def test_a_demo_interactive_search_makes_its_highest_valid_trial_the_performance
     cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
     find_capacity(cal, KnownCapacity(3.0), 1.0, None, 100, promote=True)
     assert cal.promoted is None and cal.target_qps == loadgen_double(RUN_SHARE * cal.capacity_qps, 4)
-    # The time a first trial needs: itself and the accuracy and TEST06 runs at its rate.
-    rate, trials = 2.0, KnownFullRuns(100.0, clock, tmp_path / "capacity")
+    # The time a first trial needs: itself and the accuracy and TEST06 runs at its rate (from a
+    # start of rate / RUN_SHARE where it is the run).
+    rate, trials = 1.8, KnownFullRuns(100.0, clock, tmp_path / "capacity")
     conf = with_conf_value(FULL_RUN_CONF, "llama3_1-8b", "Server", "target_qps", f"{rate:.4f}")
     just = trials.seconds(rate) + 60 * predicted_minutes(conf, "llama3_1-8b", 100)
     just -= performance_seconds(conf, "llama3_1-8b", 100)
     for promote, tried in ((True, True), (False, False)):
         clock[0] = 0.0
         cal = Calibration("Interactive", 500, 30, 50.0, 10.0)
-        find_capacity(cal, trials, rate, just + 1, 100, promote=promote)
+        find_capacity(cal, trials, rate / RUN_SHARE if promote else rate, just + 1, 100, promote=promote)
         assert bool(cal.trials) == tried and (cal.trials[0]["qps"] == rate if tried else "would take" in cal.reason)

@@ -63,6 +63,12 @@ def test_a_failed_runs_hint_sets_the_next_rate_down_within_bounds(hint, expected
     found = search_capacity(run, 8.0, tolerance=0.5, max_runs=3, grow=1.25)
     assert tried == pytest.approx(expected)
     assert found.trials[0].hint_qps == hint
+    # The caller bounds the drop (calibrate: one step past the bracket's, grow squared).
+    tried.clear()
+    search_capacity(run, 8.0, tolerance=0.5, max_runs=2, grow=1.25, max_drop=1.25**2)
+    assert tried == pytest.approx([8.0, max(min(hint, 8.0 / 1.25), 8.0 / 1.25**2)])
+    with pytest.raises(ValueError, match="max_drop >= grow"):
+        search_capacity(run, 8.0, grow=1.25, max_drop=1.1)
 
 
 def test_a_retry_at_the_brackets_top_sees_past_one_stalled_run():

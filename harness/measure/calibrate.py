@@ -16,8 +16,8 @@ by LoadGen runs, so that `make submission` runs it close to what the machine mee
    latest runs: the chain gives Server's for Interactive) and steps by its
    `predicted_grow`, and a failed trial sends it down to
    the capacity simulated again on the step costs that trial's own steps measured, where that is
-   lower than the next step down (ReanchoredTrials: a shared machine's speed moves by tens of
-   percent within the hour); else from `--start-qps` (the chain gives a
+   lower than the next step down, by one more step at most (ReanchoredTrials: a shared machine's
+   speed moves by tens of percent within the hour); else from `--start-qps` (the chain gives a
    share of Offline's measured samples/s for Server, half of Server's capacity for Interactive) or
    the committed target_qps by GROW; up or down, then bisected to TOLERANCE, at most TRIALS runs,
    and none that would not fit `--budget-min` with the scenario's runs after it (and a rerun of
@@ -174,8 +174,9 @@ def find_capacity(
     that would leave too little time for the scenario's runs at RUN_SHARE of its rate. With
     `promote` (a demo's Interactive, whose 460-query runs take minutes each on 2 cores), the highest
     VALID trial is the performance run, where it is one in all but its folder (the committed
-    user.conf with target_qps alone changed): the runs take its rate, and a trial need leave time
-    only for the accuracy and TEST06 runs."""
+    user.conf with target_qps alone changed): the runs take its rate, the search starts at
+    RUN_SHARE of `start_qps` (a failed first trial leaves time for one more at most), and a trial
+    need leave time only for the accuracy and TEST06 runs."""
     spent = time.perf_counter()
     promote = promote and full_run(trials, start_qps)  # a trial's other settings do not depend on its rate
 
@@ -195,7 +196,12 @@ def find_capacity(
         )
 
     grow = cal.predicted_grow if cal.predicted_grow and cal.predicted_start_qps == start_qps else GROW
-    found = search_capacity(trials, start_qps, TOLERANCE, TRIALS, grow, affordable=affordable)
+    if promote:  # a VALID first trial is the run: it starts with the margin a run takes below a capacity found
+        start_qps = loadgen_double(RUN_SHARE * start_qps, 4)
+    # A failed trial's re-anchored hint goes at most one step further down than the bracket would:
+    # replayed in order, one slow stretch of a trial fails an Interactive run at any rate (run AO's
+    # 1.576 QPS trial hinted 0.175 QPS, whose run would not fit the budget).
+    found = search_capacity(trials, start_qps, TOLERANCE, TRIALS, grow, affordable=affordable, max_drop=grow**2)
     cal.trials = [t.record(trials.folder) for t in found.trials]
     cal.search = found.summary()
     cal.capacity_qps, cal.failed_qps = found.passed_qps, found.failed_qps

@@ -99,6 +99,7 @@ def search_capacity(
     min_qps: float = 1e-3,
     affordable: Callable[[float], str | None] = lambda qps: None,
     retries: int = 0,
+    max_drop: float = MAX_DROP,
 ) -> CapacitySearch:
     """The highest rate `run` passes, to within `tolerance` (failed / passed - 1) where `max_runs`
     allow; `min_qps` ends a search down that never passes, `affordable(qps)` (why a run at that
@@ -106,10 +107,12 @@ def search_capacity(
     `retries`, the bracket's top (the lowest rate that failed above one that passed), where its last
     run failed by a margin (Trial.marginal), is run again up to that many times before the search
     goes on below it: a rate passes when any of its runs does, as a rate at which a VALID run exists
-    (a submitter reruns a run that a stall spoilt)."""
-    if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1 or retries < 0:
+    (a submitter reruns a run that a stall spoilt). A failed run's hint lowers the next rate by at
+    most `max_drop`."""
+    if start_qps <= 0 or grow <= 1 or tolerance <= 0 or max_runs < 1 or retries < 0 or max_drop < grow:
         raise ValueError(
-            "search_capacity: start_qps > 0, grow > 1, tolerance > 0, max_runs >= 1 and retries >= 0 are needed"
+            "search_capacity: start_qps > 0, grow > 1, tolerance > 0, max_runs >= 1, retries >= 0 and "
+            "max_drop >= grow are needed"
         )
     found = CapacitySearch()
 
@@ -118,11 +121,11 @@ def search_capacity(
         if not found.trials:
             return start_qps
         last = found.trials[-1]
-        if found.passed_qps is None:  # down while failing (at most MAX_DROP at once where a run hints lower)
+        if found.passed_qps is None:  # down while failing (at most max_drop at once where a run hints lower)
             qps = (
                 last.qps / grow
                 if last.hint_qps is None
-                else max(min(last.hint_qps, last.qps / grow), last.qps / MAX_DROP)
+                else max(min(last.hint_qps, last.qps / grow), last.qps / max_drop)
             )
             if qps < min_qps:
                 found.stopped = f"the next rate, {qps:.4f} QPS, is under the lowest tried ({min_qps} QPS)"
