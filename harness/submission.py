@@ -44,7 +44,10 @@ from systems.schema import REPO, System, SystemConfigError
 
 MODES = BASE_MODES  # a benchmark's own: run_modes(benchmark)
 LATENCY_SCENARIOS = ("Server", "Interactive")
-DEMO_BUDGET_MIN = 30
+# The demo's chain, its first run to its tree: with the set-up's 2 minutes within the 35 that issue 49
+# gives a fresh clone's `make submission`, and room for Interactive's second 460-query trial after a
+# failed first (measurements/README.md, run AQ: left out, that trial and its runs needing 11.0 min of 10.0).
+DEMO_BUDGET_MIN = 32
 START_SHARE = 0.8  # of Offline's samples/s: Server's first rate in the capacity search
 # Of Server's capacity: Interactive's first rate. Its limits are tighter in both, and its engine
 # settings (a smaller step budget, a lower TPOT target) serve less: at Server's capacity a 2-core

@@ -26,7 +26,7 @@ from harness.measure.calibrate import (
 )
 from harness.measure.capacity import LoadGenTrials, Trial
 from harness.measure.estimates import performance_seconds, predicted_minutes
-from harness.submission import interactive_past_budget, past_budget
+from harness.submission import DEMO_BUDGET_MIN, interactive_past_budget, past_budget
 from sut import LLMEngine, SamplingParams
 from systems.benchmarks import loadgen_double, with_conf_value
 from systems.schema import REPO
@@ -158,8 +158,10 @@ def test_predicted_minutes_of_a_latency_scenario(tmp_path):
     model = "llama3_1-8b"
     # 460 + 200 + 100 queries at 0.5 QPS, and three runs' starts: 25.8 min
     assert predicted_minutes(conf, model, 200) == pytest.approx((460 + 200 + 100) / 0.5 / 60 + 3 * RUN_START_S / 60)
-    assert past_budget(conf, model, 200, elapsed_min=4) is None
-    assert past_budget(conf, model, 200, elapsed_min=5).startswith("its runs would take 26 min, past the demo's 30-min")
+    assert past_budget(conf, model, 200, elapsed_min=DEMO_BUDGET_MIN - 26) is None
+    assert past_budget(conf, model, 200, elapsed_min=DEMO_BUDGET_MIN - 25).startswith(
+        f"its runs would take 26 min, past the demo's {DEMO_BUDGET_MIN}-min"
+    )
     # A min_duration longer than the queries' arrivals sets the performance run's length.
     longer = conf.replace("target_qps = 0.5", "target_qps = 50") + "llama3_1-8b.Server.min_duration = 60000\n"
     assert predicted_minutes(longer, model, 200) == pytest.approx((60 + 300 / 50 + 3 * RUN_START_S) / 60)
