@@ -40,6 +40,7 @@ when it starts, and a trial that would end past its share is not run (the search
 """
 
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -47,7 +48,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from accuracy.datasets.reader import Dataset, load_dataset
-from compliance.loadgen_logs import read_detail_log
+from compliance.loadgen_logs import STEPS_FILE, read_detail_log
 from harness.config import HarnessConfigError, RunConfig
 from harness.measure.capacity import (
     CapacitySearch,
@@ -457,6 +458,7 @@ def predicted_capacity(
     profile_s: float,
     folder: Path,
     runs_dir: Path,
+    first_trial: Trial | None = None,
     log=print,
 ) -> dict:
     """The configuration's capacity as harness/predict simulates the report's trials (their query
@@ -464,8 +466,12 @@ def predicted_capacity(
     this report (in the runs folder, shared by the configurations whose steps cost the same) after its
     LoadGen runs, with its Offline run's output lengths; or why there is none. Made after the
     measurement, with nothing from it but the output lengths (which the exact verifier and fp32 keep
-    the same), so that the two can be compared."""
+    the same), so that the two can be compared. Beside it, `reanchored`: the same prediction with the
+    steps costing what `first_trial`'s steps cost against the model, in their order, as the chain's
+    search re-anchors (harness/measure/calibrate.py): what one trial of the search tells the
+    prediction of the machine as the search found it."""
     from harness.predict.predictor import PredictError, predict_configuration
+    from harness.predict.step_costs import step_ratios
     from sut import SaafError
 
     start = time.monotonic()
@@ -489,7 +495,7 @@ def predicted_capacity(
         return {"qps": None, "why_not": str(e)}
     seconds = time.monotonic() - start
     log(f"report:   {config.label}: predicted {prediction.describe()} in {seconds:.0f} s")
-    return {
+    record = {
         "qps": prediction.qps,
         "low": prediction.low,
         "high": prediction.high,
@@ -497,6 +503,20 @@ def predicted_capacity(
         "account": prediction.describe(),
         "seconds": round(seconds, 1),
     }
+    ratios = step_ratios(first_trial.logs / STEPS_FILE, prediction.costs) if first_trial and first_trial.logs else []
+    if ratios and prediction.qps is not None:
+        again = prediction.rescaled(ratios)
+        record["reanchored"] = {
+            "qps": again,
+            "on_trial_qps": first_trial.qps,
+            "median_ratio": round(statistics.median(ratios), 3),
+        }
+        said = f"{again:.3f} QPS" if again is not None else "no rate meets the targets"
+        log(
+            f"report:   {config.label}: re-anchored on its first trial's {len(ratios)} steps "
+            f"({statistics.median(ratios):.2f}x the model's, median): {said}"
+        )
+    return record
 
 
 def samples_from(
@@ -650,7 +670,17 @@ def run_configurations(
         record = search_record(search, start_qps, runs_dir, low)
         if traffic is None:
             record["predicted"] = predicted_capacity(
-                system_name, benchmark, root, config, targets, samples, report["profile_s"], folder, runs_dir, log
+                system_name,
+                benchmark,
+                root,
+                config,
+                targets,
+                samples,
+                report["profile_s"],
+                folder,
+                runs_dir,
+                search.trials[0] if search.trials else None,
+                log,
             )
         else:
             record["predicted"] = {"qps": None, "why_not": "on a user's traffic the capacity is not predicted yet"}

@@ -256,11 +256,12 @@ def verdict(config: dict, builds_on: dict | None, spread: float = 0.0) -> str:
     return "; ".join(said)
 
 
-def predicted_verdict(config: dict, builds_on: dict | None, errors: list[float]) -> str:
+def predicted_verdict(config: dict, builds_on: dict | None, errors: list[float], reanchored: list[float] = ()) -> str:
     """What the predictions (harness/predict) say of the configuration against the one it builds on,
     as a prediction, never as a measurement: it wins or loses where the two predicted bands (each
     capacity with its step-cost model's fit error) do not overlap; and how far this report's
-    predictions were from their measured capacities, for the reader to weigh it."""
+    predictions were from their measured capacities (`errors`; `reanchored`: those re-anchored on
+    each configuration's first trial), for the reader to weigh it."""
     mine, theirs = config["predicted"], (builds_on or {}).get("predicted") or {}
     if builds_on is None or not mine.get("qps") or not theirs.get("qps"):
         return ""
@@ -277,6 +278,11 @@ def predicted_verdict(config: dict, builds_on: dict | None, errors: list[float])
         if errors
         else "no prediction here has a measurement to compare with"
     )
+    if reanchored:
+        record += (
+            f"; re-anchored on their first trials, by a median {statistics.median(reanchored):.0%}, at most "
+            f"{max(reanchored):.0%}, over {len(reanchored)}"
+        )
     return (
         f"predicted: it {says}, {change:.2f}x ({mine['qps']:.3f} against {theirs['qps']:.3f} QPS in simulation; "
         f"{record})"
@@ -347,11 +353,14 @@ def configurations(
     for c in out:
         predicted, measured = c["predicted"].get("qps"), c["capacity_qps"]
         c["prediction_error"] = measured / predicted - 1 if predicted and measured else None
+        again = (c["predicted"].get("reanchored") or {}).get("qps")
+        c["reanchored_error"] = measured / again - 1 if again and measured else None
     errors = [abs(c["prediction_error"]) for c in out if c["prediction_error"] is not None]
+    reanchored = [abs(c["reanchored_error"]) for c in out if c["reanchored_error"] is not None]
     by_label = {c["label"]: c for c in out}
     for c in out:
         c["verdict"] = verdict(c, by_label.get(c["builds_on"]), plan.get("capacity_spread", 0.0))
-        said = predicted_verdict(c, by_label.get(c["builds_on"]), errors)
+        said = predicted_verdict(c, by_label.get(c["builds_on"]), errors, reanchored)
         if said:
             c["verdict"] += f"; {said}"
         on = by_label.get(c["builds_on"])

@@ -69,6 +69,11 @@ def _predicted(c: dict) -> str:
     if not p.get("qps"):
         return f"none ({p.get('why_not') or 'no rate met the targets in simulation'})"
     error = f"; measured {c['prediction_error']:+.0%}" if c["prediction_error"] is not None else ""
+    again = (p.get("reanchored") or {}).get("qps")
+    if again:
+        error += f"; re-anchored on its first trial {again:.3f}"
+        if c.get("reanchored_error") is not None:
+            error += f", measured {c['reanchored_error']:+.0%}"
     return f"{p['qps']:.3f} ({p['low'] or 0:.3f}-{p['high'] or 0:.3f}{error})"
 
 
@@ -461,7 +466,7 @@ def plots(report: dict) -> dict[str, bytes]:
 def capacity_chart(configs: list[dict]) -> bytes:
     """Every configuration's capacity: measured (the rate that passed, a line to the rate that failed
     above it; where none passed, a cross at the lowest that failed) and predicted (hollow, a line
-    across its band), one row each."""
+    across its band; a diamond where re-anchored on its first trial's steps), one row each."""
     fig, ax = plt.subplots(figsize=(8, 0.5 * len(configs) + 1.5))
     for row, c in enumerate(reversed(configs)):
         if c["capacity_qps"] is not None:
@@ -474,6 +479,9 @@ def capacity_chart(configs: list[dict]) -> bytes:
         if p.get("qps"):
             ax.plot([p["low"] or p["qps"], p["high"] or p["qps"]], [row - 0.12] * 2, color="C1", linewidth=1.5)
             ax.plot(p["qps"], row - 0.12, "o", mfc="none", color="C1", label="predicted (its band)")
+        again = (p.get("reanchored") or {}).get("qps")
+        if again:
+            ax.plot(again, row - 0.12, "d", mfc="none", color="C2", label="predicted, re-anchored on its first trial")
     ax.set_yticks(range(len(configs)), [c["label"] for c in reversed(configs)], fontsize=8)
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
