@@ -16,7 +16,7 @@ import pytest
 from accuracy.report import summarization_accuracy
 from compliance.loadgen_logs import MLLOG_MARKER
 from compliance.run_folder import STATUS_FILE, RunFolder
-from harness.measure.report import build, cost_per_million, figures_for, verdict
+from harness.measure.report import build, cost_per_million, figures_for, placement, verdict
 from harness.measure.run_logs import RunLogError, loadgen_percentile, read_run
 from systems.benchmarks import BENCHMARKS, loadgen_double
 from systems.schema import REPO
@@ -402,6 +402,8 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
                 assert row[13].endswith(f", measured {capacity / again['qps'] - 1:+.0%})")
         if config["builds_on"]:
             assert "; predicted: it " in row[12]
+        # A disaggregated layout: which placement the predictions pick (DistServe's question).
+        assert ("; placement: the prediction picks " in row[12]) == ("disaggregated" in config["label"])
     assert len(unmeasured) < len(labels), f"no configuration passed a trial: {unmeasured}"
     # Greedy decoding, speculation exact: every configuration gave the same tokens, so the same quality.
     assert all(r == responses_by_config[0] for r in responses_by_config)
@@ -414,6 +416,24 @@ def test_every_figure_on_the_page_is_recomputed_from_the_logs_it_cites(report_ru
     for label in labels[1:]:
         assert f"- **{label}**: " in md
     assert "TTFT 2000 ms, TPOT 100 ms" in md and "1.5 per hour" in md
+
+
+def test_the_placement_picked_is_the_higher_predicted_capacity_with_the_measured_beside_it():
+    colocated = {"label": "int16", "predicted": {"qps": 13.3}, "capacity_qps": 13.4}
+    split = {
+        "label": "disaggregated",
+        "engine": {"disaggregation": {"prefill": 1, "decode": 1}},
+        "predicted": {"qps": 9.4},
+        "capacity_qps": 8.5,
+    }
+    said = placement(split, colocated)
+    assert said.startswith("placement: the prediction picks colocated (int16) (9.400 QPS for 1 prefill + 1 decode")
+    assert said.endswith("against 13.300 colocated; measured 8.500 against 13.400)")
+    faster = placement({**split, "predicted": {"qps": 20.0}, "capacity_qps": None}, colocated)
+    assert faster.startswith("placement: the prediction picks 1 prefill + 1 decode workers (20.000 QPS")
+    assert faster.endswith("not both measured)")
+    assert placement(colocated, split) == "" and placement(split, None) == ""
+    assert placement(split, {**colocated, "predicted": {"qps": None}}) == ""
 
 
 def test_a_configuration_that_costs_capacity_is_named_a_loser():

@@ -289,6 +289,29 @@ def predicted_verdict(config: dict, builds_on: dict | None, errors: list[float],
     )
 
 
+def placement(config: dict, builds_on: dict | None) -> str:
+    """DistServe's question for a disaggregated layout: which placement the predictions pick, its
+    prefill and decode workers or the colocated engine it builds on (the same cores or GPUs), and
+    what the two measured capacities say beside it; "" for any other configuration."""
+    split = (config.get("engine") or {}).get("disaggregation")
+    if not split or builds_on is None:
+        return ""
+    mine, theirs = config["predicted"].get("qps"), builds_on["predicted"].get("qps")
+    if not mine or not theirs:
+        return ""
+    workers = f"{split.get('prefill', 1)} prefill + {split.get('decode', 1)} decode workers"
+    picked = workers if mine > theirs else f"colocated ({builds_on['label']})"
+    measured = (
+        f"measured {config['capacity_qps']:.3f} against {builds_on['capacity_qps']:.3f}"
+        if config["capacity_qps"] and builds_on["capacity_qps"]
+        else "not both measured"
+    )
+    return (
+        f"placement: the prediction picks {picked} ({mine:.3f} QPS for {workers} against {theirs:.3f} "
+        f"colocated; {measured})"
+    )
+
+
 def configurations(
     top: Path, plan: dict, runs: dict[Path, RunLogs], targets, price, prompts, references, tokenizer
 ) -> list[dict]:
@@ -363,6 +386,9 @@ def configurations(
         said = predicted_verdict(c, by_label.get(c["builds_on"]), errors, reanchored)
         if said:
             c["verdict"] += f"; {said}"
+        placed = placement(c, by_label.get(c["builds_on"]))
+        if placed:
+            c["verdict"] += f"; {placed}"
         on = by_label.get(c["builds_on"])
         c["quality_change_on_builds_on"] = {
             k: 100 * (c["quality"][k] - on["quality"][k]) / on["quality"][k]
