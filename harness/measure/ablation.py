@@ -471,7 +471,6 @@ def predicted_capacity(
     search re-anchors (harness/measure/calibrate.py): what one trial of the search tells the
     prediction of the machine as the search found it."""
     from harness.predict.predictor import PredictError, predict_configuration
-    from harness.predict.step_costs import step_ratios
     from sut import SaafError
 
     start = time.monotonic()
@@ -503,18 +502,14 @@ def predicted_capacity(
         "account": prediction.describe(),
         "seconds": round(seconds, 1),
     }
-    ratios = step_ratios(first_trial.logs / STEPS_FILE, prediction.costs) if first_trial and first_trial.logs else []
+    ratios, again = prediction.reanchored([first_trial.logs / STEPS_FILE] if first_trial and first_trial.logs else [])
     if ratios and prediction.qps is not None:
-        again = prediction.rescaled(ratios)
-        record["reanchored"] = {
-            "qps": again,
-            "on_trial_qps": first_trial.qps,
-            "median_ratio": round(statistics.median(ratios), 3),
-        }
+        median = statistics.median(ratios)
+        record["reanchored"] = {"qps": again, "on_trial_qps": first_trial.qps, "median_ratio": round(median, 3)}
         said = f"{again:.3f} QPS" if again is not None else "no rate meets the targets"
         log(
             f"report:   {config.label}: re-anchored on its first trial's {len(ratios)} steps "
-            f"({statistics.median(ratios):.2f}x the model's, median): {said}"
+            f"({median:.2f}x the model's, median): {said}"
         )
     return record
 

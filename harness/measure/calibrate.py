@@ -58,7 +58,6 @@ from harness.measure.estimates import (
     predicted_minutes,
 )
 from harness.predict.predictor import PredictError, Prediction, predict_engine
-from harness.predict.step_costs import step_ratios
 from systems.benchmarks import conf_value, loadgen_double, with_conf_value
 from systems.schema import REPO
 
@@ -248,8 +247,7 @@ def predict_capacity(
     cal.predicted_grow = round(min(GROW, max(PREDICTED_GROW_MIN, 1 + 2 * prediction.costs.median_error)), 3)
     cal.predicted = prediction.describe()
     print(f"calibrate {cfg.scenario}: predicted capacity {cal.predicted}", flush=True)
-    ratios = [r for steps in reanchor_on for r in step_ratios(Path(steps), prediction.costs)]
-    again = prediction.rescaled(ratios) if ratios and prediction.qps is not None else None
+    ratios, again = prediction.reanchored(reanchor_on)
     if again is not None:
         cal.reanchored_qps = loadgen_double(again, 4)
         # Never above the band's low end: a failed first trial at overload costs the most.
@@ -277,10 +275,9 @@ class ReanchoredTrials:
 
     def __call__(self, qps: float) -> Trial:
         trial = self.trials(qps)
-        ratios = step_ratios(trial.logs / STEPS_FILE, self.prediction.costs) if trial.logs else []
+        ratios, again = self.prediction.reanchored([trial.logs / STEPS_FILE] if trial.logs else [])
         if not ratios:
             return trial
-        again = self.prediction.rescaled(ratios)
         ratios = sorted(ratios)
         spread = f"p10 {ratios[len(ratios) // 10]:.2f}, p90 {ratios[9 * len(ratios) // 10]:.2f}"
         trial.detail += f"; its steps cost {statistics.median(ratios):.2f}x the step-cost model's ({spread})"

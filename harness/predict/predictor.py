@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.config import RunConfig
 from harness.predict.simulate import Engine, Layout, Workload, capacity
-from harness.predict.step_costs import StepCostModel, fit, machine_context
+from harness.predict.step_costs import StepCostModel, fit, machine_context, step_ratios
 from harness.run import code_commit
 from sut.engine.profile import profile_steps
 from systems.paths import build_dir, run_logs
@@ -60,6 +60,13 @@ class Prediction:
         start = (self.qps or 1.0) / statistics.mean(ratios)
         found, _ = capacity(layout.scaled(cost_ratios=ratios), workload, schedule, schedule["limits_ms"], start)
         return found
+
+    def reanchored(self, steps_files: list[Path]) -> tuple[list[float], float | None]:
+        """Runs' steps (their steps.json, in order) against the model, and the capacity `rescaled`
+        by them: the one re-anchoring that the chain's search and the report share; no capacity
+        where the runs logged no steps or none was predicted."""
+        ratios = [r for steps in steps_files for r in step_ratios(Path(steps), self.costs)]
+        return ratios, self.rescaled(ratios) if ratios and self.qps is not None else None
 
     def describe(self) -> str:
         if self.qps is None:
